@@ -1,0 +1,74 @@
+// Helpers shared by the binding files: array checks and conversions. No algorithm here.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "pygpfast/view.hpp"
+
+namespace pygpfast::bind {
+
+namespace py = pybind11;
+
+// The core takes float64 C-contiguous arrays without copying; anything else is refused
+// with a ValueError that says how to convert (the public Python layer converts first).
+inline void check_float64_c(const py::array& a, const char* name) {
+  if (!a.dtype().is(py::dtype::of<double>()))
+    throw std::invalid_argument(std::string(name) + " must have dtype float64, got " +
+                                std::string(py::str(a.dtype())));
+  if (!(a.flags() & py::array::c_style))
+    throw std::invalid_argument(std::string(name) +
+                                " must be C-contiguous; use numpy.ascontiguousarray");
+}
+
+inline ConstMatrixView as_matrix(const py::array& a, const char* name) {
+  check_float64_c(a, name);
+  if (a.ndim() != 2)
+    throw std::invalid_argument(std::string(name) + " must be 2-D, got " + std::to_string(a.ndim()) +
+                                "-D");
+  return ConstMatrixView(static_cast<const double*>(a.data()), a.shape(0), a.shape(1));
+}
+
+inline MatrixView as_mutable_matrix(py::array& a, const char* name) {
+  check_float64_c(a, name);
+  if (a.ndim() != 2)
+    throw std::invalid_argument(std::string(name) + " must be 2-D, got " + std::to_string(a.ndim()) +
+                                "-D");
+  if (!a.writeable()) throw std::invalid_argument(std::string(name) + " must be writeable");
+  return MatrixView(static_cast<double*>(a.mutable_data()), a.shape(0), a.shape(1));
+}
+
+// A 1-D float64 array; expected_size < 0 accepts any length.
+inline const double* as_vector(const py::array& a, const char* name, index_t expected_size = -1) {
+  check_float64_c(a, name);
+  if (a.ndim() != 1)
+    throw std::invalid_argument(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) +
+                                "-D");
+  if (expected_size >= 0 && a.shape(0) != expected_size)
+    throw std::invalid_argument(std::string(name) + " must have length " +
+                                std::to_string(expected_size) + ", got " + std::to_string(a.shape(0)));
+  return static_cast<const double*>(a.data());
+}
+
+inline py::array_t<double> new_matrix(index_t rows, index_t cols) {
+  return py::array_t<double>({static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)});
+}
+
+inline py::array_t<double> new_vector(index_t n) {
+  return py::array_t<double>(static_cast<py::ssize_t>(n));
+}
+
+inline MatrixView view_of(py::array_t<double>& a) {
+  return MatrixView(a.mutable_data(), a.shape(0), a.shape(1));
+}
+
+// Registration functions, one per area (each in its own bind_<area>.cpp).
+void bind_blas(py::module_& m);
+void bind_threads(py::module_& m);
+void bind_linalg(py::module_& m);
+void bind_kernels(py::module_& m);
+void bind_likelihoods(py::module_& m);
+
+}  // namespace pygpfast::bind

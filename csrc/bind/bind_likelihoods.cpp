@@ -1,0 +1,7 @@
+#include "bind_common.hpp"
+
+namespace pygpfast::bind {
+
+void bind_likelihoods(py::module_&) {}
+
+}  // namespace pygpfast::bind

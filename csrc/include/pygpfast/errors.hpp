@@ -1,0 +1,30 @@
+// Exceptions thrown by the core. The bindings translate them:
+//   std::invalid_argument -> ValueError (bad input: shapes, values, options)
+//   pygpfast::LinAlgError -> pygpfast.LinAlgError (a numpy.linalg.LinAlgError)
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace pygpfast {
+
+class LinAlgError : public std::runtime_error {
+ public:
+  LinAlgError(std::string routine, int info, const std::string& hint)
+      : std::runtime_error(routine + " failed (info=" + std::to_string(info) + "): " + hint),
+        routine_(std::move(routine)),
+        info_(info) {}
+  const std::string& routine() const { return routine_; }
+  int info() const { return info_; }
+
+ private:
+  std::string routine_;
+  int info_;
+};
+
+// Throw std::invalid_argument with `message` unless `condition` holds.
+inline void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument(message);
+}
+
+}  // namespace pygpfast

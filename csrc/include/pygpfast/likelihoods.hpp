@@ -1,0 +1,44 @@
+// One-dimensional likelihoods p(y | f) and their Gaussian expectations, the per-point
+// building block of variational ELBOs (seed 000, eqs. 21-22):
+//   E_{N(f | mu, var)}[log p(y | f)]  and its derivatives with respect to mu and var.
+// Loops over points use OpenMP (per-point outputs, so results do not depend on the
+// thread count).
+#pragma once
+
+#include "pygpfast/view.hpp"
+
+namespace pygpfast::likelihoods {
+
+enum class LikelihoodType : int {
+  Gaussian = 0,         // p(y|f) = N(y | f, variance); closed form
+  BernoulliProbit = 1,  // y in {0, 1}, p(y=1|f) = Phi(f); Gauss-Hermite
+  BernoulliLogit = 2,   // y in {0, 1}, p(y=1|f) = sigmoid(f); Gauss-Hermite
+  Poisson = 3,          // y in {0, 1, 2, ...}, rate exp(f); closed form
+};
+
+struct Likelihood {
+  LikelihoodType type = LikelihoodType::Gaussian;
+  double variance = 1.0;  // Gaussian noise variance (ignored by the others)
+  int n_gh = 20;          // Gauss-Hermite points for the non-closed-form expectations
+};
+
+// Validates a likelihood description (throws std::invalid_argument).
+void validate(const Likelihood& lik);
+
+// For i < n: f[i] = E[log p(y_i|f)], dmu[i] = d f[i]/d mu_i, dvar[i] = d f[i]/d var_i under
+// f ~ N(mu_i, var_i), var_i >= 0. When dparam is not null, dparam[i] = d f[i]/d variance for
+// the Gaussian likelihood (0 for the others). Throws std::invalid_argument on labels outside
+// the likelihood's support or negative variances.
+void variational_expectations(const Likelihood& lik, const double* y, const double* mu,
+                              const double* var, index_t n, double* f, double* dmu, double* dvar,
+                              double* dparam);
+
+// Predictive mean and variance of y at f ~ N(mu, var).
+void predict_mean_and_var(const Likelihood& lik, const double* mu, const double* var, index_t n,
+                          double* mean, double* variance);
+
+// out[i] = log \int p(y_i|f) N(f | mu_i, var_i) df (log predictive density).
+void predict_log_density(const Likelihood& lik, const double* y, const double* mu,
+                         const double* var, index_t n, double* out);
+
+}  // namespace pygpfast::likelihoods

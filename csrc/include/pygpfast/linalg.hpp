@@ -1,0 +1,38 @@
+// Dense linear algebra on top of the BLAS table: Cholesky with jitter escalation,
+// triangular solves, and rank-one Cholesky update/downdate.
+#pragma once
+
+#include "pygpfast/view.hpp"
+
+namespace pygpfast::linalg {
+
+struct CholeskyResult {
+  double jitter = 0.0;  // added to the diagonal; 0 when A factorised as given
+  int attempts = 1;     // factorisations tried
+};
+
+// Lower Cholesky factor of a symmetric positive-definite A, in place (row-major;
+// only the lower triangle of A is read; on return the strict upper triangle is zero).
+// If A is not numerically positive definite, retries with jitter * I added, starting at
+// `initial_relative_jitter` x mean(diag A) and growing x10 up to `max_relative_jitter`
+// x mean(diag A). Throws LinAlgError (naming the leading minor that failed and what to
+// change) when no jitter helps, std::invalid_argument for non-finite input.
+CholeskyResult cholesky_jitter(MatrixView A, double initial_relative_jitter = 1e-10,
+                               double max_relative_jitter = 1e-4);
+
+// Solve op(L) X = B in place for lower-triangular L (B is n x r).
+void solve_lower(ConstMatrixView L, MatrixView B, bool transpose);
+
+// Given lower L with L L^T = A, make L the factor of A + x x^T (in place, O(n^2)).
+// x is overwritten (used as workspace).
+void cholesky_update(MatrixView L, double* x);
+
+// Given lower L with L L^T = A, make L the factor of A - x x^T (in place, O(n^2)).
+// Throws LinAlgError when A - x x^T is not positive definite (L is then unchanged).
+// x is overwritten (used as workspace).
+void cholesky_downdate(MatrixView L, double* x);
+
+// log det(L L^T) = 2 sum log diag(L).
+double logdet_from_cholesky(ConstMatrixView L);
+
+}  // namespace pygpfast::linalg

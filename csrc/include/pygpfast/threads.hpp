@@ -1,0 +1,27 @@
+// Thread policy of the core.
+//
+// One level of parallelism at a time: per-point loops use OpenMP with BLAS left
+// alone inside them (the loops call no BLAS); big products use BLAS threads with no
+// OpenMP region around them. Small loops run on one thread: on a shared 2-core machine
+// a parallel region whose second thread is descheduled stalls at its barrier, so a
+// loop is split only when each thread gets at least `min_per_thread` items.
+#pragma once
+
+#include "pygpfast/view.hpp"
+
+namespace pygpfast {
+
+// Number of threads the core's OpenMP loops may use (>= 1).
+int get_num_threads();
+
+// n >= 1 sets it; n <= 0 restores the default (OMP_NUM_THREADS, else all cores).
+void set_num_threads(int n);
+
+// Threads to use for `items` independent work items when each thread should get at
+// least `min_per_thread` of them: 1 for small loops, get_num_threads() for big ones.
+int threads_for(index_t items, index_t min_per_thread);
+
+// True when the core was compiled with OpenMP.
+bool openmp_enabled();
+
+}  // namespace pygpfast

@@ -1,0 +1,54 @@
+#include "blas_linked.hpp"
+
+#include "pygpfast/blas.hpp"
+
+extern "C" {
+void dgemm_(char*, char*, int*, int*, int*, double*, double*, int*, double*, int*, double*, double*,
+            int*);
+void dsyrk_(char*, char*, int*, int*, double*, double*, int*, double*, double*, int*);
+void dtrsm_(char*, char*, char*, char*, int*, int*, double*, double*, int*, double*, int*);
+void dtrmm_(char*, char*, char*, char*, int*, int*, double*, double*, int*, double*, int*);
+void dgemv_(char*, int*, int*, double*, double*, int*, double*, int*, double*, double*, int*);
+void dtrsv_(char*, char*, char*, int*, double*, int*, double*, int*);
+void dsymv_(char*, int*, double*, double*, int*, double*, int*, double*, double*, int*);
+void dger_(int*, int*, double*, double*, int*, double*, int*, double*, int*);
+double ddot_(int*, double*, int*, double*, int*);
+void daxpy_(int*, double*, double*, int*, double*, int*);
+void dscal_(int*, double*, double*, int*);
+void dpotrf_(char*, int*, double*, int*, int*);
+void dpotri_(char*, int*, double*, int*, int*);
+void dtrtri_(char*, char*, int*, double*, int*, int*);
+void dpotrs_(char*, int*, int*, double*, int*, double*, int*, int*);
+}
+
+namespace pygpfast::blas {
+
+void install_linked_blas() {
+  Table t;
+  t.dgemm = dgemm_;
+  t.dsyrk = dsyrk_;
+  t.dtrsm = dtrsm_;
+  t.dtrmm = dtrmm_;
+  t.dgemv = dgemv_;
+  t.dtrsv = dtrsv_;
+  t.dsymv = dsymv_;
+  t.dger = dger_;
+  t.ddot = ddot_;
+  t.daxpy = daxpy_;
+  t.dscal = dscal_;
+  t.dpotrf = dpotrf_;
+  t.dpotri = dpotri_;
+  t.dtrtri = dtrtri_;
+  t.dpotrs = dpotrs_;
+  set_table(t);
+}
+
+std::string linked_blas_name() {
+#ifdef PYGPFAST_LINKED_BLAS_NAME
+  return PYGPFAST_LINKED_BLAS_NAME;
+#else
+  return "system BLAS";
+#endif
+}
+
+}  // namespace pygpfast::blas

@@ -1,0 +1,122 @@
+#include "pygpfast/linalg.hpp"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "pygpfast/blas.hpp"
+#include "pygpfast/errors.hpp"
+
+namespace pygpfast::linalg {
+
+CholeskyResult cholesky_jitter(MatrixView A, double initial_relative_jitter,
+                               double max_relative_jitter) {
+  require(A.rows == A.cols, "cholesky: matrix must be square, got " + std::to_string(A.rows) + "x" +
+                                std::to_string(A.cols));
+  const index_t n = A.rows;
+  CholeskyResult result;
+  if (n == 0) return result;
+
+  double mean_diag = 0.0;
+  for (index_t i = 0; i < n; ++i) {
+    for (index_t j = 0; j <= i; ++j)
+      require(std::isfinite(A(i, j)), "cholesky: matrix has a non-finite entry at (" +
+                                          std::to_string(i) + ", " + std::to_string(j) + ")");
+    mean_diag += A(i, i);
+  }
+  mean_diag /= static_cast<double>(n);
+  if (!(mean_diag > 0.0))
+    throw LinAlgError("cholesky", 1,
+                      "the matrix is not positive definite: its mean diagonal is " +
+                          std::to_string(mean_diag) + " (check the kernel variance)");
+
+  // Keep the lower triangle so that a failed attempt can be retried from the original.
+  std::vector<double> original(static_cast<std::size_t>(n * (n + 1) / 2));
+  for (index_t i = 0, k = 0; i < n; ++i)
+    for (index_t j = 0; j <= i; ++j) original[k++] = A(i, j);
+  auto restore = [&](double jitter) {
+    for (index_t i = 0, k = 0; i < n; ++i) {
+      for (index_t j = 0; j <= i; ++j) A(i, j) = original[k++];
+      A(i, i) += jitter;
+    }
+  };
+
+  int info = blas::potrf_lower(A);
+  int first_info = info;
+  double jitter = initial_relative_jitter * mean_diag;
+  const double max_jitter = max_relative_jitter * mean_diag;
+  while (info != 0) {
+    if (info < 0) throw LinAlgError("dpotrf", info, "illegal argument (internal error)");
+    if (jitter > max_jitter * (1.0 + 1e-12))
+      throw LinAlgError(
+          "dpotrf", first_info,
+          "the matrix is not positive definite: the leading minor of order " +
+              std::to_string(first_info) + " failed, even with jitter up to " +
+              std::to_string(max_jitter) +
+              " added to the diagonal. Remove duplicate inputs, increase the noise/white "
+              "variance, or increase the lengthscale's lower bound");
+    restore(jitter);
+    info = blas::potrf_lower(A);
+    ++result.attempts;
+    result.jitter = jitter;
+    jitter *= 10.0;
+  }
+  for (index_t i = 0; i < n; ++i)
+    for (index_t j = i + 1; j < n; ++j) A(i, j) = 0.0;
+  return result;
+}
+
+void solve_lower(ConstMatrixView L, MatrixView B, bool transpose) {
+  require(L.rows == L.cols, "solve_lower: L must be square");
+  require(B.rows == L.rows, "solve_lower: B must have as many rows as L");
+  blas::trsm(blas::Side::Left, blas::Uplo::Lower, transpose ? blas::Trans::Yes : blas::Trans::No,
+             blas::Diag::NonUnit, 1.0, L, B);
+}
+
+void cholesky_update(MatrixView L, double* x) {
+  require(L.rows == L.cols, "cholesky_update: L must be square");
+  const index_t n = L.rows;
+  // Givens-style sweep: column k of L absorbs x, rows below are updated.
+  for (index_t k = 0; k < n; ++k) {
+    const double lkk = L(k, k);
+    const double r = std::hypot(lkk, x[k]);
+    const double c = r / lkk, s = x[k] / lkk;
+    L(k, k) = r;
+    for (index_t i = k + 1; i < n; ++i) {
+      L(i, k) = (L(i, k) + s * x[i]) / c;
+      x[i] = c * x[i] - s * L(i, k);
+    }
+  }
+}
+
+void cholesky_downdate(MatrixView L, double* x) {
+  require(L.rows == L.cols, "cholesky_downdate: L must be square");
+  const index_t n = L.rows;
+  // Check feasibility first: A - x x^T is PD iff ||L^{-1} x|| < 1.
+  std::vector<double> p(x, x + n);
+  blas::trsv(blas::Uplo::Lower, blas::Trans::No, blas::Diag::NonUnit, L, p.data());
+  double norm2 = 0.0;
+  for (index_t i = 0; i < n; ++i) norm2 += p[i] * p[i];
+  if (!(norm2 < 1.0 - 1e-14))
+    throw LinAlgError("cholesky_downdate", 1,
+                      "the downdated matrix A - x x^T is not positive definite (||L^-1 x||^2 = " +
+                          std::to_string(norm2) + " >= 1)");
+  for (index_t k = 0; k < n; ++k) {
+    const double lkk = L(k, k);
+    const double r = std::sqrt((lkk - x[k]) * (lkk + x[k]));
+    const double c = r / lkk, s = x[k] / lkk;
+    L(k, k) = r;
+    for (index_t i = k + 1; i < n; ++i) {
+      L(i, k) = (L(i, k) - s * x[i]) / c;
+      x[i] = c * x[i] - s * L(i, k);
+    }
+  }
+}
+
+double logdet_from_cholesky(ConstMatrixView L) {
+  double s = 0.0;
+  for (index_t i = 0; i < L.rows; ++i) s += std::log(L(i, i));
+  return 2.0 * s;
+}
+
+}  // namespace pygpfast::linalg

@@ -1,0 +1,33 @@
+"""pygpfast: fast Gaussian-process models with non-Gaussian likelihoods.
+
+A C++17 core (BLAS/LAPACK through scipy's own BLAS, OpenMP for per-point loops) under a
+scikit-learn style API.
+"""
+
+from .exceptions import LinAlgError, NumericalWarning
+
+try:
+    from . import _core
+except ImportError as e:  # pragma: no cover - only when the extension is missing
+    raise ImportError(
+        "pygpfast's compiled core (pygpfast._core) could not be imported. Install the package "
+        "with `pip install .` (which compiles it), or for development build it in place with "
+        "`cmake -S . -B build/dev -DPYGPFAST_BUILD_PYTHON=ON -DPYGPFAST_INPLACE=ON "
+        f"&& cmake --build build/dev`. Original error: {e}"
+    ) from e
+
+from . import kernels, likelihoods, linalg
+from ._threads import get_num_threads, set_num_threads
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LinAlgError",
+    "NumericalWarning",
+    "get_num_threads",
+    "kernels",
+    "likelihoods",
+    "linalg",
+    "set_num_threads",
+    "__version__",
+]

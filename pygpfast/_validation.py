@@ -1,0 +1,53 @@
+"""Input validation shared by the public API (scikit-learn's utilities underneath)."""
+
+import numpy as np
+from sklearn.utils import check_array
+
+__all__ = ["as_matrix", "as_vector", "check_same_dim"]
+
+
+def as_matrix(X, name="X", *, allow_empty=False):
+    """Return X as a finite float64 C-contiguous 2-D array, or raise ValueError.
+
+    A 1-D input is refused (reshape it to [N, 1] or [1, D]) as in scikit-learn.
+    """
+    try:
+        X = check_array(
+            X,
+            dtype=np.float64,
+            order="C",
+            ensure_2d=True,
+            ensure_all_finite=True,
+            ensure_min_samples=0 if allow_empty else 1,
+            ensure_min_features=1,
+            input_name=name,
+        )
+    except TypeError as e:  # e.g. a string array
+        raise ValueError(f"{name} must be numeric: {e}") from e
+    return X
+
+
+def as_vector(v, name, *, size=None, allow_empty=False):
+    """Return v as a finite float64 contiguous 1-D array of length `size`, or raise ValueError."""
+    try:
+        v = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} must be a numeric 1-D array: {e}") from e
+    if v.ndim == 0:
+        v = v.reshape(1)
+    if v.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {v.shape}")
+    if size is not None and v.shape[0] != size:
+        raise ValueError(f"{name} must have length {size}, got {v.shape[0]}")
+    if v.shape[0] == 0 and not allow_empty:
+        raise ValueError(f"{name} is empty")
+    if not np.all(np.isfinite(v)):
+        raise ValueError(f"{name} contains NaN or infinity")
+    return np.ascontiguousarray(v)
+
+
+def check_same_dim(X, X2, name="X2"):
+    if X2.shape[1] != X.shape[1]:
+        raise ValueError(
+            f"{name} has {X2.shape[1]} features but X has {X.shape[1]}; they must match"
+        )

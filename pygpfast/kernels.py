@@ -1,0 +1,1 @@
+"""Kernels (placeholder until written)."""

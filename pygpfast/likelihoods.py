@@ -1,0 +1,1 @@
+"""Likelihoods (placeholder until written)."""

@@ -1,0 +1,124 @@
+// Core linear algebra against hand-computed references, with a linked system BLAS.
+#include <random>
+#include <vector>
+
+#include "check.hpp"
+#include "pygpfast/blas.hpp"
+#include "pygpfast/errors.hpp"
+#include "pygpfast/linalg.hpp"
+
+using namespace pygpfast;
+
+namespace {
+
+std::vector<double> random_spd(index_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> g;
+  std::vector<double> B(n * n), A(n * n, 0.0);
+  for (auto& b : B) b = g(rng);
+  for (index_t i = 0; i < n; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (index_t k = 0; k < n; ++k) s += B[i * n + k] * B[j * n + k];
+      A[i * n + j] = s + (i == j ? n : 0.0);
+    }
+  return A;
+}
+
+double max_abs_diff_llt(const std::vector<double>& L, const std::vector<double>& A, index_t n) {
+  double err = 0.0;
+  for (index_t i = 0; i < n; ++i)
+    for (index_t j = 0; j <= i; ++j) {
+      double s = 0.0;
+      for (index_t k = 0; k < n; ++k) s += L[i * n + k] * L[j * n + k];
+      err = std::max(err, std::fabs(s - A[i * n + j]));
+    }
+  return err;
+}
+
+}  // namespace
+
+PYGPFAST_TEST(gemm_matches_loops) {
+  const index_t m = 7, k = 5, n = 4;
+  std::vector<double> A(m * k), B(k * n), C(m * n, 0.0);
+  for (index_t i = 0; i < m * k; ++i) A[i] = 0.1 * i - 1.0;
+  for (index_t i = 0; i < k * n; ++i) B[i] = 0.3 * i + 0.5;
+  blas::gemm(blas::Trans::No, blas::Trans::No, 1.0, ConstMatrixView(A.data(), m, k),
+             ConstMatrixView(B.data(), k, n), 0.0, MatrixView(C.data(), m, n));
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (index_t p = 0; p < k; ++p) s += A[i * k + p] * B[p * n + j];
+      CHECK_NEAR(C[i * n + j], s, 1e-12);
+    }
+}
+
+PYGPFAST_TEST(cholesky_factorises_spd) {
+  const index_t n = 40;
+  auto A = random_spd(n, 1);
+  auto L = A;
+  auto r = linalg::cholesky_jitter(MatrixView(L.data(), n, n));
+  CHECK(r.jitter == 0.0);
+  CHECK(max_abs_diff_llt(L, A, n) < 1e-10);
+  for (index_t i = 0; i < n; ++i)
+    for (index_t j = i + 1; j < n; ++j) CHECK(L[i * n + j] == 0.0);
+}
+
+PYGPFAST_TEST(cholesky_adds_jitter_to_singular_matrix) {
+  const index_t n = 6;
+  std::vector<double> A(n * n, 1.0);  // rank one
+  auto r = linalg::cholesky_jitter(MatrixView(A.data(), n, n));
+  CHECK(r.jitter > 0.0);
+  CHECK(r.attempts > 1);
+}
+
+PYGPFAST_TEST(cholesky_raises_on_indefinite_matrix) {
+  const index_t n = 3;
+  std::vector<double> A = {1, 0, 0, 0, -1, 0, 0, 0, 1};
+  CHECK_THROWS(linalg::cholesky_jitter(MatrixView(A.data(), n, n)), LinAlgError);
+  std::vector<double> B = {1, 0, 0, NAN, 1, 0, 0, 0, 1};
+  CHECK_THROWS(linalg::cholesky_jitter(MatrixView(B.data(), n, n)), std::invalid_argument);
+}
+
+PYGPFAST_TEST(rank_one_update_and_downdate_round_trip) {
+  const index_t n = 30;
+  auto A = random_spd(n, 2);
+  auto L = A;
+  linalg::cholesky_jitter(MatrixView(L.data(), n, n));
+  std::vector<double> x(n);
+  for (index_t i = 0; i < n; ++i) x[i] = std::sin(1.0 + i);
+  auto Aplus = A;
+  for (index_t i = 0; i < n; ++i)
+    for (index_t j = 0; j < n; ++j) Aplus[i * n + j] += x[i] * x[j];
+  auto work = x;
+  linalg::cholesky_update(MatrixView(L.data(), n, n), work.data());
+  CHECK(max_abs_diff_llt(L, Aplus, n) < 1e-9);
+  work = x;
+  linalg::cholesky_downdate(MatrixView(L.data(), n, n), work.data());
+  CHECK(max_abs_diff_llt(L, A, n) < 1e-9);
+}
+
+PYGPFAST_TEST(downdate_refuses_to_lose_definiteness) {
+  const index_t n = 2;
+  std::vector<double> L = {1, 0, 0, 1};
+  std::vector<double> x = {2, 0};
+  CHECK_THROWS(linalg::cholesky_downdate(MatrixView(L.data(), n, n), x.data()), LinAlgError);
+}
+
+PYGPFAST_TEST(triangular_solve_inverts_trmm) {
+  const index_t n = 9, r = 3;
+  auto A = random_spd(n, 3);
+  linalg::cholesky_jitter(MatrixView(A.data(), n, n));
+  std::vector<double> B(n * r);
+  for (index_t i = 0; i < n * r; ++i) B[i] = std::cos(0.7 * i);
+  auto X = B;
+  for (bool t : {false, true}) {
+    X = B;
+    linalg::solve_lower(ConstMatrixView(A.data(), n, n), MatrixView(X.data(), n, r), t);
+    blas::trmm(blas::Side::Left, blas::Uplo::Lower, t ? blas::Trans::Yes : blas::Trans::No,
+               blas::Diag::NonUnit, 1.0, ConstMatrixView(A.data(), n, n), MatrixView(X.data(), n, r));
+    for (index_t i = 0; i < n * r; ++i) CHECK_NEAR(X[i], B[i], 1e-10);
+  }
+}
+
+PYGPFAST_TEST_MAIN
