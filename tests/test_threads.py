@@ -1,0 +1,46 @@
+"""Thread control."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import pygpfast
+
+
+def test_set_and_get(restore_threads):
+    pygpfast.set_num_threads(1)
+    assert pygpfast.get_num_threads() == 1
+    pygpfast.set_num_threads(3)
+    assert pygpfast.get_num_threads() == 3
+    pygpfast.set_num_threads(None)
+    assert pygpfast.get_num_threads() >= 1
+
+
+def test_set_num_threads_limits_blas(restore_threads):
+    from threadpoolctl import threadpool_info
+
+    pygpfast.set_num_threads(1)
+    blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+    assert blas and all(p["num_threads"] == 1 for p in blas)
+
+
+@pytest.mark.parametrize("bad", [1.5, "2", True])
+def test_bad_thread_count(bad):
+    with pytest.raises(ValueError):
+        pygpfast.set_num_threads(bad)
+
+
+def test_default_honours_omp_num_threads():
+    if not pygpfast._core.openmp_enabled():
+        pytest.skip("core built without OpenMP")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", "import pygpfast; print(pygpfast.get_num_threads())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "1"
