@@ -16,14 +16,18 @@ except ImportError as e:  # pragma: no cover - only when the extension is missin
         f"&& cmake --build build/dev`. Original error: {e}"
     ) from e
 
-from . import kernels, likelihoods, linalg
+from . import datasets, kernels, likelihoods, linalg
 from ._threads import get_num_threads, set_num_threads
+from .svgp import SVGPClassifier, SVGPRegressor
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LinAlgError",
     "NumericalWarning",
+    "SVGPClassifier",
+    "SVGPRegressor",
+    "datasets",
     "get_num_threads",
     "kernels",
     "likelihoods",

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "pygpfast/kernels.hpp"
 #include "pygpfast/view.hpp"
 
 namespace pygpfast::bind {
@@ -64,11 +65,29 @@ inline MatrixView view_of(py::array_t<double>& a) {
   return MatrixView(a.mutable_data(), a.shape(0), a.shape(1));
 }
 
+// A 1-D int32 C-contiguous array (kernel codes).
+inline const std::int32_t* as_int32_vector(const py::array& a, const char* name) {
+  if (!a.dtype().is(py::dtype::of<std::int32_t>()))
+    throw std::invalid_argument(std::string(name) + " must have dtype int32, got " +
+                                std::string(py::str(a.dtype())));
+  if (!(a.flags() & py::array::c_style) || a.ndim() != 1)
+    throw std::invalid_argument(std::string(name) + " must be a 1-D C-contiguous array");
+  return static_cast<const std::int32_t*>(a.data());
+}
+
+// The core kernel described by (codes, params) for inputs with `input_dim` columns.
+inline kernels::Kernel make_kernel(const py::array& codes, const py::array& params, index_t input_dim) {
+  const std::int32_t* c = as_int32_vector(codes, "codes");
+  const double* p = as_vector(params, "params");
+  return kernels::Kernel(c, codes.shape(0), p, params.shape(0), input_dim);
+}
+
 // Registration functions, one per area (each in its own bind_<area>.cpp).
 void bind_blas(py::module_& m);
 void bind_threads(py::module_& m);
 void bind_linalg(py::module_& m);
 void bind_kernels(py::module_& m);
 void bind_likelihoods(py::module_& m);
+void bind_svgp(py::module_& m);
 
 }  // namespace pygpfast::bind
