@@ -1,0 +1,378 @@
+#include "pygpfast/likelihoods.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pygpfast/errors.hpp"
+#include "pygpfast/quadrature.hpp"
+#include "pygpfast/threads.hpp"
+
+namespace pygpfast::likelihoods {
+namespace {
+
+constexpr double kLogSqrt2Pi = 0.91893853320467274178;  // log(sqrt(2 pi))
+constexpr double kLog2Pi = 1.83787706640934548356;      // log(2 pi)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
+constexpr double kInvSqrt2 = 0.70710678118654752440;    // 1 / sqrt(2)
+constexpr double kInvSqrtPi = 0.56418958354775628695;   // 1 / sqrt(pi)
+constexpr int kMaxGaussHermitePoints = 100;  // the limit of quadrature::gauss_hermite
+
+// Below this argument log Phi, lambda = phi / Phi and lambda + g come from the asymptotic
+// series of the Mills ratio: erfc underflows near g = -38, and lambda + g computed as a
+// difference loses about log10(g^2) digits.
+constexpr double kNormalCdfTail = -20.0;
+
+// A loop over points is split across threads only when each thread gets at least this many
+// likelihood evaluations (a quadrature point costs n_gh of them).
+constexpr index_t kMinEvaluationsPerThread = 4096;
+
+template <class Body>
+void for_each_point(index_t n, index_t evaluations_per_point, const Body& body) {
+  [[maybe_unused]] const int nt =
+      threads_for(n, std::max<index_t>(1, kMinEvaluationsPerThread / evaluations_per_point));
+#ifdef _OPENMP  // (without it the pragma would draw -Wunknown-pragmas)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+  for (index_t i = 0; i < n; ++i) body(i);
+}
+
+std::string format_value(double v) {
+  std::ostringstream os;
+  os.precision(std::numeric_limits<double>::digits10);
+  os << v;
+  return os.str();
+}
+
+// log p(y | f) and its first two derivatives with respect to f.
+struct LogDensity {
+  double value;
+  double d1;
+  double d2;
+};
+
+// log Phi(g) with its derivatives phi(g) / Phi(g) and -lambda (lambda + g), lambda = phi / Phi,
+// accurate (no log(0), no cancellation in lambda + g) for every finite g.
+LogDensity log_normal_cdf(double g) {
+  if (g < kNormalCdfTail) {
+    // Phi(g) = phi(g) / x * S with x = -g and S = 1 - 1/x^2 + 3/x^4 - 15/x^6 + ...; at x >= 20
+    // the terms fall below 1e-17 within ten steps. Then lambda = x / S and
+    // lambda + g = x (1 - S) / S, with 1 - S summed without cancellation.
+    const double x = -g;
+    const double inv_x2 = 1.0 / (x * x);
+    double term = 1.0;
+    double s_minus_one = 0.0;
+    for (int k = 1; std::fabs(term) > 1e-17; ++k) {
+      term *= -(2 * k - 1) * inv_x2;
+      s_minus_one += term;
+    }
+    const double s = 1.0 + s_minus_one;
+    const double lambda = x / s;
+    return {-0.5 * x * x - kLogSqrt2Pi - std::log(x) + std::log1p(s_minus_one), lambda,
+            lambda * x * s_minus_one / s};
+  }
+  const double phi = kInvSqrt2Pi * std::exp(-0.5 * g * g);
+  if (g < 0.0) {
+    const double cdf = 0.5 * std::erfc(-g * kInvSqrt2);
+    const double lambda = phi / cdf;
+    return {std::log(cdf), lambda, -lambda * (lambda + g)};
+  }
+  const double upper_tail = 0.5 * std::erfc(g * kInvSqrt2);  // 1 - Phi(g)
+  const double lambda = phi / (1.0 - upper_tail);
+  return {std::log1p(-upper_tail), lambda, -lambda * (lambda + g)};
+}
+
+// Bernoulli-probit: log Phi(s f) with s = 2y - 1.
+LogDensity probit_log_density(double y, double f) {
+  const double s = y > 0.5 ? 1.0 : -1.0;
+  const LogDensity t = log_normal_cdf(s * f);
+  return {t.value, s * t.d1, t.d2};
+}
+
+// sigmoid(z), sigmoid(-z) and log sigmoid(z), without overflow.
+struct SigmoidPair {
+  double of_z;
+  double of_minus_z;
+  double log_of_z;
+};
+
+SigmoidPair sigmoid_pair(double z) {
+  const double e = std::exp(-std::fabs(z));
+  const double big = 1.0 / (1.0 + e);  // sigmoid(|z|)
+  const double small = e * big;        // sigmoid(-|z|)
+  const double log1p_e = std::log1p(e);
+  if (z >= 0.0) return {big, small, -log1p_e};
+  return {small, big, z - log1p_e};
+}
+
+// Bernoulli-logit: log sigmoid(s f) with s = 2y - 1.
+LogDensity logit_log_density(double y, double f) {
+  const double s = y > 0.5 ? 1.0 : -1.0;
+  const SigmoidPair p = sigmoid_pair(s * f);
+  return {p.log_of_z, s * p.of_minus_z, -p.of_z * p.of_minus_z};
+}
+
+// log(y!) for an integer y >= 0. glibc's lgamma writes the global signgam, a data race in
+// an OpenMP loop; lgamma_r does not.
+double log_factorial(double y) {
+#if defined(__GLIBC__)
+  int sign;
+  return ::lgamma_r(y + 1.0, &sign);
+#else
+  return std::lgamma(y + 1.0);
+#endif
+}
+
+// A Gauss-Hermite rule for expectations under N(f | mu, var): f_k = mu + sqrt(2 var) x_k with
+// weights w_k / sqrt(pi) (summing to 1) and their logarithms.
+struct NormalQuadrature {
+  const std::vector<double>& x;
+  std::vector<double> w;
+  std::vector<double> log_w;
+
+  explicit NormalQuadrature(int n_gh) : NormalQuadrature(quadrature::gauss_hermite(n_gh)) {}
+  int size() const { return static_cast<int>(x.size()); }
+
+ private:
+  explicit NormalQuadrature(const quadrature::GaussHermiteRule& rule) : x(rule.x) {
+    for (double wk : rule.w) {
+      w.push_back(wk * kInvSqrtPi);
+      log_w.push_back(std::log(w.back()));
+    }
+  }
+};
+
+// For each point, E[log p(y|f)], its derivative in mu, E[d log p / df], and in var,
+// E[d^2 log p / df^2] / 2 (Bonnet's and Price's theorems), under N(f | mu, var), all with the
+// same rule.
+template <LogDensity (*log_density)(double y, double f)>
+void expected_log_densities(const Likelihood& lik, const double* y, const double* mu,
+                            const double* var, index_t n, double* value, double* dmu,
+                            double* dvar) {
+  const NormalQuadrature q(lik.n_gh);
+  for_each_point(n, q.size(), [&](index_t i) {
+    const double scale = std::sqrt(2.0 * var[i]);
+    double e = 0.0, g = 0.0, h = 0.0;
+    for (int k = 0; k < q.size(); ++k) {
+      const LogDensity t = log_density(y[i], mu[i] + scale * q.x[k]);
+      e += q.w[k] * t.value;
+      g += q.w[k] * t.d1;
+      h += q.w[k] * t.d2;
+    }
+    value[i] = e;
+    dmu[i] = g;
+    dvar[i] = 0.5 * h;
+  });
+}
+
+// log E[p(y | f)] under N(f | mu, var): a log-sum-exp over the nodes, so that tiny densities
+// do not underflow. The running maximum makes it one pass.
+template <class LogDensityOfF>
+double log_expected_density(const NormalQuadrature& q, double mu, double var,
+                            const LogDensityOfF& log_density) {
+  const double scale = std::sqrt(2.0 * var);
+  double max = -std::numeric_limits<double>::infinity();
+  double sum = 0.0;
+  for (int k = 0; k < q.size(); ++k) {
+    const double a = q.log_w[k] + log_density(mu + scale * q.x[k]);
+    if (a <= max) {
+      sum += std::exp(a - max);
+    } else {
+      sum = sum * std::exp(max - a) + 1.0;
+      max = a;
+    }
+  }
+  return max + std::log(sum);
+}
+
+const char* name_of(LikelihoodType type) {
+  switch (type) {
+    case LikelihoodType::Gaussian:
+      return "Gaussian";
+    case LikelihoodType::BernoulliProbit:
+      return "Bernoulli-probit";
+    case LikelihoodType::BernoulliLogit:
+      return "Bernoulli-logit";
+    case LikelihoodType::Poisson:
+      return "Poisson";
+  }
+  return "unknown";
+}
+
+void check_labels(const Likelihood& lik, const double* y, index_t n) {
+  for (index_t i = 0; i < n; ++i) {
+    bool ok = false;
+    const char* support = "";
+    switch (lik.type) {
+      case LikelihoodType::Gaussian:
+        ok = std::isfinite(y[i]);
+        support = "finite";
+        break;
+      case LikelihoodType::BernoulliProbit:
+      case LikelihoodType::BernoulliLogit:
+        ok = y[i] == 0.0 || y[i] == 1.0;
+        support = "0 or 1";
+        break;
+      case LikelihoodType::Poisson:
+        ok = y[i] >= 0.0 && std::isfinite(y[i]) && y[i] == std::floor(y[i]);
+        support = "non-negative integers (counts)";
+        break;
+    }
+    if (!ok)  // (the message is built only on failure: this loop runs over every point)
+      throw std::invalid_argument(std::string("y[") + std::to_string(i) + "] = " +
+                                  format_value(y[i]) + " is outside the support of the " +
+                                  name_of(lik.type) + " likelihood: labels must be " + support);
+  }
+}
+
+void check_variances(const double* var, index_t n) {
+  for (index_t i = 0; i < n; ++i)
+    if (!(var[i] >= 0.0 && std::isfinite(var[i])))
+      throw std::invalid_argument("var[" + std::to_string(i) + "] = " + format_value(var[i]) +
+                                  ": marginal variances must be finite and >= 0");
+}
+
+}  // namespace
+
+void validate(const Likelihood& lik) {
+  const int code = static_cast<int>(lik.type);
+  require(code >= static_cast<int>(LikelihoodType::Gaussian) &&
+              code <= static_cast<int>(LikelihoodType::Poisson),
+          "unknown likelihood type " + std::to_string(code) +
+              " (0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson)");
+  require(lik.type != LikelihoodType::Gaussian ||
+              (lik.variance > 0.0 && std::isfinite(lik.variance)),
+          "the Gaussian likelihood variance must be positive and finite, got " +
+              format_value(lik.variance));
+  require(lik.n_gh >= 1 && lik.n_gh <= kMaxGaussHermitePoints,
+          "n_gh (Gauss-Hermite points) must be between 1 and " +
+              std::to_string(kMaxGaussHermitePoints) + ", got " + std::to_string(lik.n_gh));
+}
+
+void variational_expectations(const Likelihood& lik, const double* y, const double* mu,
+                              const double* var, index_t n, double* f, double* dmu, double* dvar,
+                              double* dparam) {
+  validate(lik);
+  check_labels(lik, y, n);
+  check_variances(var, n);
+  if (dparam != nullptr && lik.type != LikelihoodType::Gaussian) std::fill(dparam, dparam + n, 0.0);
+
+  switch (lik.type) {
+    case LikelihoodType::Gaussian: {
+      const double s2 = lik.variance;
+      const double log_norm = -0.5 * (kLog2Pi + std::log(s2));
+      for_each_point(n, 1, [&](index_t i) {
+        const double r = y[i] - mu[i];
+        const double expected_sq = r * r + var[i];  // E[(y - f)^2]
+        f[i] = log_norm - 0.5 * expected_sq / s2;
+        dmu[i] = r / s2;
+        dvar[i] = -0.5 / s2;
+        if (dparam != nullptr) dparam[i] = 0.5 * (expected_sq / s2 - 1.0) / s2;
+      });
+      return;
+    }
+    case LikelihoodType::Poisson:
+      for_each_point(n, 1, [&](index_t i) {
+        const double expected_rate = std::exp(mu[i] + 0.5 * var[i]);  // E[exp(f)]
+        f[i] = y[i] * mu[i] - expected_rate - log_factorial(y[i]);
+        dmu[i] = y[i] - expected_rate;
+        dvar[i] = -0.5 * expected_rate;
+      });
+      return;
+    case LikelihoodType::BernoulliProbit:
+      expected_log_densities<probit_log_density>(lik, y, mu, var, n, f, dmu, dvar);
+      return;
+    case LikelihoodType::BernoulliLogit:
+      expected_log_densities<logit_log_density>(lik, y, mu, var, n, f, dmu, dvar);
+      return;
+  }
+}
+
+void predict_mean_and_var(const Likelihood& lik, const double* mu, const double* var, index_t n,
+                          double* mean, double* variance) {
+  validate(lik);
+  check_variances(var, n);
+  switch (lik.type) {
+    case LikelihoodType::Gaussian:
+      for_each_point(n, 1, [&](index_t i) {
+        mean[i] = mu[i];
+        variance[i] = var[i] + lik.variance;
+      });
+      return;
+    case LikelihoodType::BernoulliProbit:
+      // p = Phi(mu / sqrt(1 + var)); p (1 - p) as Phi(g) Phi(-g) keeps digits near 0 and 1.
+      for_each_point(n, 1, [&](index_t i) {
+        const double g = mu[i] / std::sqrt(1.0 + var[i]);
+        const double p = 0.5 * std::erfc(-g * kInvSqrt2);
+        mean[i] = p;
+        variance[i] = p * 0.5 * std::erfc(g * kInvSqrt2);
+      });
+      return;
+    case LikelihoodType::BernoulliLogit: {
+      const NormalQuadrature q(lik.n_gh);
+      for_each_point(n, q.size(), [&](index_t i) {
+        const double scale = std::sqrt(2.0 * var[i]);
+        double p = 0.0, one_minus_p = 0.0;
+        for (int k = 0; k < q.size(); ++k) {
+          const SigmoidPair s = sigmoid_pair(mu[i] + scale * q.x[k]);
+          p += q.w[k] * s.of_z;
+          one_minus_p += q.w[k] * s.of_minus_z;
+        }
+        mean[i] = p;
+        variance[i] = p * one_minus_p;
+      });
+      return;
+    }
+    case LikelihoodType::Poisson:
+      // E[y] = E[exp(f)]; Var[y] = E[exp(f)] + Var[exp(f)] (log-normal rate).
+      for_each_point(n, 1, [&](index_t i) {
+        const double m = std::exp(mu[i] + 0.5 * var[i]);
+        mean[i] = m;
+        variance[i] = m + std::expm1(var[i]) * m * m;
+      });
+      return;
+  }
+}
+
+void predict_log_density(const Likelihood& lik, const double* y, const double* mu,
+                         const double* var, index_t n, double* out) {
+  validate(lik);
+  check_labels(lik, y, n);
+  check_variances(var, n);
+  switch (lik.type) {
+    case LikelihoodType::Gaussian:
+      for_each_point(n, 1, [&](index_t i) {
+        const double s = var[i] + lik.variance;
+        const double r = y[i] - mu[i];
+        out[i] = -0.5 * (kLog2Pi + std::log(s) + r * r / s);
+      });
+      return;
+    case LikelihoodType::BernoulliProbit:
+      for_each_point(n, 1, [&](index_t i) {
+        out[i] = probit_log_density(y[i], mu[i] / std::sqrt(1.0 + var[i])).value;
+      });
+      return;
+    case LikelihoodType::BernoulliLogit: {
+      const NormalQuadrature q(lik.n_gh);
+      for_each_point(n, q.size(), [&](index_t i) {
+        out[i] = log_expected_density(
+            q, mu[i], var[i], [&](double fk) { return logit_log_density(y[i], fk).value; });
+      });
+      return;
+    }
+    case LikelihoodType::Poisson: {
+      const NormalQuadrature q(lik.n_gh);
+      for_each_point(n, q.size(), [&](index_t i) {
+        out[i] = log_expected_density(q, mu[i], var[i],
+                                      [&](double fk) { return y[i] * fk - std::exp(fk); }) -
+                 log_factorial(y[i]);
+      });
+      return;
+    }
+  }
+}
+
+}  // namespace pygpfast::likelihoods

@@ -1,0 +1,56 @@
+"""The raw likelihood bindings (pygpfast._core): argument checks and output shapes."""
+
+import numpy as np
+import pytest
+
+from pygpfast import _core
+
+GAUSSIAN, PROBIT, LOGIT, POISSON = 0, 1, 2, 3
+Y = np.array([1.0, 0.0, 1.0])
+MU = np.array([0.5, -0.2, 3.0])
+VAR = np.array([1.0, 0.0, 2.0])
+
+
+@pytest.mark.parametrize("kind", [GAUSSIAN, PROBIT, LOGIT, POISSON])
+def test_shapes_and_parameter_derivative(kind):
+    f, dmu, dvar, dparam = _core.variational_expectations(kind, 0.5, 20, Y, MU, VAR)
+    assert all(a.shape == (3,) and a.dtype == np.float64 for a in (f, dmu, dvar, dparam))
+    if kind != GAUSSIAN:
+        np.testing.assert_array_equal(dparam, 0.0)
+    mean, var = _core.predict_mean_and_var(kind, 0.5, 20, MU, VAR)
+    assert mean.shape == var.shape == (3,)
+    assert _core.predict_log_density(kind, 0.5, 20, Y, MU, VAR).shape == (3,)
+
+
+def test_lengths_must_match():
+    with pytest.raises(ValueError, match="mu must have length 3, got 2"):
+        _core.variational_expectations(PROBIT, 1.0, 20, Y, MU[:2], VAR)
+    with pytest.raises(ValueError, match="var must have length 3, got 2"):
+        _core.predict_mean_and_var(PROBIT, 1.0, 20, MU, VAR[:2])
+    with pytest.raises(ValueError, match="mu must have length 3"):
+        _core.predict_log_density(PROBIT, 1.0, 20, Y, MU[:1], VAR)
+
+
+def test_arrays_must_be_float64_contiguous():
+    with pytest.raises(ValueError, match="float64"):
+        _core.variational_expectations(PROBIT, 1.0, 20, Y.astype(np.float32), MU, VAR)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _core.predict_mean_and_var(PROBIT, 1.0, 20, np.repeat(MU, 2)[::2], VAR)
+
+
+@pytest.mark.parametrize(
+    "kind, variance, n_gh, message",
+    [
+        (4, 1.0, 20, "unknown likelihood type 4"),
+        (-1, 1.0, 20, "unknown likelihood type -1"),
+        (GAUSSIAN, 0.0, 20, "variance must be positive"),
+        (GAUSSIAN, np.inf, 20, "variance must be positive"),
+        (LOGIT, 1.0, 0, "n_gh"),
+        (POISSON, 1.0, 101, "n_gh"),
+    ],
+)
+def test_bad_description(kind, variance, n_gh, message):
+    with pytest.raises(ValueError, match=message):
+        _core.variational_expectations(kind, variance, n_gh, Y, MU, VAR)
+    with pytest.raises(ValueError, match=message):
+        _core.predict_mean_and_var(kind, variance, n_gh, MU, VAR)
