@@ -75,7 +75,7 @@ class SVGP:
 
     def _core_args(self):
         codes, params = self.kernel._spec(self.Z.shape[1])
-        kind, variance, n_gh = self.likelihood._core_spec()
+        kind, variance, n_gh = self.likelihood._core_args()
         return codes, params, kind, variance, n_gh
 
     def elbo(self, X, y, *, scale=1.0, with_grad=False):

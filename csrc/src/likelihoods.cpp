@@ -19,7 +19,6 @@ constexpr double kLog2Pi = 1.83787706640934548356;      // log(2 pi)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 constexpr double kInvSqrt2 = 0.70710678118654752440;    // 1 / sqrt(2)
 constexpr double kInvSqrtPi = 0.56418958354775628695;   // 1 / sqrt(pi)
-constexpr int kMaxGaussHermitePoints = 100;  // the limit of quadrature::gauss_hermite
 
 // Below this argument log Phi, lambda = phi / Phi and lambda + g come from the asymptotic
 // series of the Mills ratio: erfc underflows near g = -38, and lambda + g computed as a
@@ -247,9 +246,9 @@ void validate(const Likelihood& lik) {
               (lik.variance > 0.0 && std::isfinite(lik.variance)),
           "the Gaussian likelihood variance must be positive and finite, got " +
               format_value(lik.variance));
-  require(lik.n_gh >= 1 && lik.n_gh <= kMaxGaussHermitePoints,
+  require(lik.n_gh >= 1 && lik.n_gh <= quadrature::kMaxGaussHermitePoints,
           "n_gh (Gauss-Hermite points) must be between 1 and " +
-              std::to_string(kMaxGaussHermitePoints) + ", got " + std::to_string(lik.n_gh));
+              std::to_string(quadrature::kMaxGaussHermitePoints) + ", got " + std::to_string(lik.n_gh));
 }
 
 void variational_expectations(const Likelihood& lik, const double* y, const double* mu,

@@ -12,7 +12,6 @@
 namespace pygpfast::quadrature {
 namespace {
 
-constexpr int kMaxPoints = 100;
 
 // Orthonormal Hermite polynomials p_n(x) and p_{n-1}(x) (orthonormal for the weight
 // exp(-x^2)) by their three-term recurrence, which stays in range where the classical
@@ -44,7 +43,7 @@ GaussHermiteRule compute_rule(int n) {
   rule.w.resize(n);
   const long double tolerance = 8 * std::numeric_limits<long double>::epsilon();
   const int n_nonnegative = (n + 1) / 2;
-  std::array<long double, kMaxPoints> roots{};  // non-negative roots, largest first
+  std::array<long double, kMaxGaussHermitePoints> roots{};  // non-negative roots, largest first
   for (int i = 0; i < n_nonnegative; ++i) {
     long double z;
     if (n % 2 == 1 && i == n_nonnegative - 1) {
@@ -81,10 +80,10 @@ GaussHermiteRule compute_rule(int n) {
 }  // namespace
 
 const GaussHermiteRule& gauss_hermite(int n) {
-  require(n >= 1 && n <= kMaxPoints, "gauss_hermite: the number of points must be between 1 and " +
-                                         std::to_string(kMaxPoints) + ", got " + std::to_string(n));
-  static std::array<std::once_flag, kMaxPoints> computed;
-  static std::array<GaussHermiteRule, kMaxPoints> rules;
+  require(n >= 1 && n <= kMaxGaussHermitePoints, "gauss_hermite: the number of points must be between 1 and " +
+                                         std::to_string(kMaxGaussHermitePoints) + ", got " + std::to_string(n));
+  static std::array<std::once_flag, kMaxGaussHermitePoints> computed;
+  static std::array<GaussHermiteRule, kMaxGaussHermitePoints> rules;
   std::call_once(computed[n - 1], [n] { rules[n - 1] = compute_rule(n); });
   return rules[n - 1];
 }

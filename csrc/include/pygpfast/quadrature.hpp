@@ -7,6 +7,9 @@
 
 namespace pygpfast::quadrature {
 
+// Largest supported number of Gauss-Hermite points.
+constexpr int kMaxGaussHermitePoints = 100;
+
 struct GaussHermiteRule {
   std::vector<double> x;  // nodes, ascending
   std::vector<double> w;  // weights for the weight function exp(-x^2) (sum = sqrt(pi))
