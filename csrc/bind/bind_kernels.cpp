@@ -1,7 +1,145 @@
+// Kernel evaluation: each call rebuilds the core Kernel from its flat description (cheap
+// next to the evaluation) so that no state lives on the C++ side.
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
 #include "bind_common.hpp"
+#include "pygpfast/kernels.hpp"
 
 namespace pygpfast::bind {
+namespace {
 
-void bind_kernels(py::module_&) {}
+// The `codes` array of a kernel description: 1-D, int32, C-contiguous.
+const std::int32_t* as_codes(const py::array& a) {
+  if (!a.dtype().is(py::dtype::of<std::int32_t>()))
+    throw std::invalid_argument("codes must have dtype int32, got " +
+                                std::string(py::str(a.dtype())));
+  if (!(a.flags() & py::array::c_style))
+    throw std::invalid_argument("codes must be C-contiguous; use numpy.ascontiguousarray");
+  if (a.ndim() != 1)
+    throw std::invalid_argument("codes must be 1-D, got " + std::to_string(a.ndim()) + "-D");
+  return static_cast<const std::int32_t*>(a.data());
+}
+
+kernels::Kernel make_kernel(const py::array& codes, const py::array& params, index_t input_dim) {
+  const std::int32_t* c = as_codes(codes);
+  const double* p = as_vector(params, "params");
+  return kernels::Kernel(c, codes.shape(0), p, params.shape(0), input_dim);
+}
+
+// X2 = None means K(X, X): X2 is X and `same` is true.
+struct Pair {
+  ConstMatrixView X, X2;
+  bool same;
+};
+
+Pair as_pair(const py::array& x, const std::optional<py::array>& x2) {
+  const ConstMatrixView X = as_matrix(x, "X");
+  if (!x2) return {X, X, true};
+  return {X, as_matrix(*x2, "X2"), false};
+}
+
+py::array_t<double> zeros_matrix(index_t rows, index_t cols) {
+  auto a = new_matrix(rows, cols);
+  std::fill(a.mutable_data(), a.mutable_data() + a.size(), 0.0);
+  return a;
+}
+
+py::array_t<double> zeros_vector(index_t n) {
+  auto a = new_vector(n);
+  std::fill(a.mutable_data(), a.mutable_data() + a.size(), 0.0);
+  return a;
+}
+
+}  // namespace
+
+void bind_kernels(py::module_& m) {
+  m.def(
+      "kernel_K",
+      [](const py::array& codes, const py::array& params, const py::array& x,
+         const std::optional<py::array>& x2) {
+        const Pair in = as_pair(x, x2);
+        const auto kernel = make_kernel(codes, params, in.X.cols);
+        auto out = new_matrix(in.X.rows, in.X2.rows);
+        const MatrixView K = view_of(out);
+        {
+          py::gil_scoped_release release;
+          kernel.K(in.X, in.X2, in.same, K);
+        }
+        return out;
+      },
+      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("X2").none(true),
+      "K(X, X2) [N, M] of the kernel described by (codes int32, params float64); X2=None is "
+      "K(X, X).");
+
+  m.def(
+      "kernel_Kdiag",
+      [](const py::array& codes, const py::array& params, const py::array& x) {
+        const ConstMatrixView X = as_matrix(x, "X");
+        const auto kernel = make_kernel(codes, params, X.cols);
+        auto out = new_vector(X.rows);
+        double* d = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          kernel.Kdiag(X, d);
+        }
+        return out;
+      },
+      py::arg("codes"), py::arg("params"), py::arg("X"), "diag K(X, X) [N].");
+
+  m.def(
+      "kernel_K_vjp",
+      [](const py::array& codes, const py::array& params, const py::array& x,
+         const std::optional<py::array>& x2, const py::array& g, bool want_dX, bool want_dX2) {
+        const Pair in = as_pair(x, x2);
+        const auto kernel = make_kernel(codes, params, in.X.cols);
+        const ConstMatrixView G = as_matrix(g, "G");
+        auto dparams = zeros_vector(kernel.num_params());
+        py::object dX_out = py::none(), dX2_out = py::none();
+        MatrixView dX, dX2;
+        if (want_dX) {
+          auto a = zeros_matrix(in.X.rows, in.X.cols);
+          dX = view_of(a);
+          dX_out = a;
+        }
+        if (want_dX2) {
+          auto a = zeros_matrix(in.X2.rows, in.X2.cols);
+          dX2 = view_of(a);
+          dX2_out = a;
+        }
+        double* dp = dparams.mutable_data();
+        {
+          py::gil_scoped_release release;
+          kernel.K_vjp(in.X, in.X2, in.same, G, dp, want_dX ? &dX : nullptr,
+                       want_dX2 ? &dX2 : nullptr);
+        }
+        return py::make_tuple(dparams, dX_out, dX2_out);
+      },
+      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("X2").none(true), py::arg("G"),
+      py::arg("want_dX") = false, py::arg("want_dX2") = false,
+      "Vector-Jacobian products of sum(G * K(X, X2)): (dparams [P], dX [N, D] or None, "
+      "dX2 [M, D] or None). With X2=None, dX and dX2 are the partial gradients through the "
+      "first and second argument; the gradient wrt X is their sum.");
+
+  m.def(
+      "kernel_Kdiag_vjp",
+      [](const py::array& codes, const py::array& params, const py::array& x, const py::array& g) {
+        const ConstMatrixView X = as_matrix(x, "X");
+        const auto kernel = make_kernel(codes, params, X.cols);
+        const double* gv = as_vector(g, "g", X.rows);
+        auto dparams = zeros_vector(kernel.num_params());
+        double* dp = dparams.mutable_data();
+        {
+          py::gil_scoped_release release;
+          kernel.Kdiag_vjp(X, gv, dp);
+        }
+        return dparams;
+      },
+      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("g"),
+      "Gradient of sum(g * diag K(X, X)) wrt the parameters [P].");
+}
 
 }  // namespace pygpfast::bind

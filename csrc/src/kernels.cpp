@@ -1,0 +1,809 @@
+#include "pygpfast/kernels.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "pygpfast/blas.hpp"
+#include "pygpfast/errors.hpp"
+#include "pygpfast/threads.hpp"
+
+namespace pygpfast::kernels {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Loop and buffer helpers
+// ---------------------------------------------------------------------------------------
+
+// Elementwise loops split across threads only when each thread gets at least this many
+// entries: below that, waking a second thread costs more than it saves (threads.hpp).
+constexpr index_t kMinEntriesPerThread = 16384;
+
+// A kernel description deeper than this is refused (parsing recurses once per level).
+constexpr int kMaxDepth = 1000;
+
+// Calls body(i, end) for every row i of an [n, m] matrix, where end = m, or end = i + 1
+// (the row's part of the lower triangle) when `lower`. Rows are independent, so results do
+// not depend on the thread count. The triangular loop pairs row p with row n-1-p so that
+// every iteration does the same work under a static schedule. An exception cannot leave an
+// OpenMP region, so the body is required to be noexcept at compile time.
+template <class Body>
+void for_each_row(index_t n, index_t m, bool lower, const Body& body) {
+  static_assert(std::is_nothrow_invocable_v<const Body&, index_t, index_t>,
+                "row bodies run inside OpenMP regions and must be noexcept");
+  const index_t entries = n * (lower ? (n + 1) / 2 : m);
+  [[maybe_unused]] const int threads = threads_for(entries, kMinEntriesPerThread);
+  if (!lower) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+    for (index_t i = 0; i < n; ++i) body(i, m);
+    return;
+  }
+  const index_t pairs = (n + 1) / 2;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+  for (index_t p = 0; p < pairs; ++p) {
+    body(p, p + 1);
+    const index_t q = n - 1 - p;
+    if (q != p) body(q, q + 1);
+  }
+}
+
+// Sum of per-row partial sums in a fixed order (the same result for any thread count).
+double ordered_sum(const std::vector<double>& partials) {
+  double s = 0.0;
+  for (double v : partials) s += v;
+  return s;
+}
+
+double vector_sum(const double* v, index_t n) {
+  double s = 0.0;
+  for (index_t i = 0; i < n; ++i) s += v[i];
+  return s;
+}
+
+// Owning row-major buffer for intermediates. Left uninitialised: every user overwrites it.
+class Matrix {
+ public:
+  Matrix(index_t rows, index_t cols)
+      : data_(new double[static_cast<std::size_t>(rows * cols)]), rows_(rows), cols_(cols) {}
+  MatrixView view() const { return MatrixView(data_.get(), rows_, cols_); }
+
+ private:
+  std::unique_ptr<double[]> data_;
+  index_t rows_, cols_;
+};
+
+// Copies the lower triangle of a square matrix onto its upper triangle.
+void mirror_lower(MatrixView S) {
+  for_each_row(S.rows, S.cols, true, [&](index_t i, index_t) noexcept {
+    for (index_t j = 0; j < i; ++j) S(j, i) = S(i, j);
+  });
+}
+
+// out = alpha * A B^T. When `same` (B is A) only the lower triangle is computed, by syrk:
+// half the flops, and the caller mirrors it, which makes K(X, X) exactly symmetric.
+void cross_product(ConstMatrixView A, ConstMatrixView B, bool same, double alpha, MatrixView out) {
+  if (same)
+    blas::syrk(blas::Uplo::Lower, blas::Trans::No, alpha, A, 0.0, out);
+  else
+    blas::gemm(blas::Trans::No, blas::Trans::Yes, alpha, A, B, 0.0, out);
+}
+
+// out[i, d] = (X[i, d] - shift[d]) * scale[d], an [N, D] copy.
+Matrix scale_columns(ConstMatrixView X, const std::vector<double>& shift,
+                     const std::vector<double>& scale) {
+  Matrix out(X.rows, X.cols);
+  const MatrixView o = out.view();
+  for_each_row(X.rows, X.cols, false, [&](index_t i, index_t cols) noexcept {
+    for (index_t d = 0; d < cols; ++d) o(i, d) = (X(i, d) - shift[d]) * scale[d];
+  });
+  return out;
+}
+
+std::vector<double> column_means(ConstMatrixView X) {
+  std::vector<double> mean(static_cast<std::size_t>(X.cols), 0.0);
+  for (index_t i = 0; i < X.rows; ++i)
+    for (index_t d = 0; d < X.cols; ++d) mean[d] += X(i, d);
+  for (double& v : mean) v /= static_cast<double>(std::max<index_t>(X.rows, 1));
+  return mean;
+}
+
+std::vector<double> row_squared_norms(ConstMatrixView A) {
+  std::vector<double> out(static_cast<std::size_t>(A.rows));
+  for_each_row(A.rows, A.cols, false, [&](index_t i, index_t cols) noexcept {
+    double s = 0.0;
+    for (index_t d = 0; d < cols; ++d) s += A(i, d) * A(i, d);
+    out[i] = s;
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Nodes of the expression tree
+// ---------------------------------------------------------------------------------------
+
+struct Inputs {
+  ConstMatrixView X, X2;
+  bool same;
+};
+
+}  // namespace
+
+// Every node writes (K, Kdiag) or accumulates (the vjps) for its whole subtree; its
+// parameters' gradients go to dparams[offset ...] in the layout of kernels.hpp.
+struct Node {
+  virtual ~Node() = default;
+  virtual void K(const Inputs& in, MatrixView out) const = 0;
+  virtual void Kdiag(ConstMatrixView X, double* out) const = 0;
+  virtual void K_vjp(const Inputs& in, ConstMatrixView G, double* dparams, MatrixView* dX,
+                     MatrixView* dX2) const = 0;
+  virtual void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const = 0;
+};
+
+namespace {
+
+// A leaf's parameters: its offset in the flat array and its values.
+struct LeafParams {
+  index_t offset;
+  std::vector<double> values;
+};
+
+// Expands k = 1 (shared) or k = D per-dimension values to D values.
+std::vector<double> per_dimension(const double* values, index_t k, index_t D) {
+  std::vector<double> out(static_cast<std::size_t>(D));
+  for (index_t d = 0; d < D; ++d) out[d] = values[k == 1 ? 0 : d];
+  return out;
+}
+
+// ---- stationary kernels: k = variance * f(r^2), r^2 = sum_d (x_d - x2_d)^2 / l_d^2 ----
+
+// f and df/d(r^2) of each stationary kernel, inlined into the elementwise loops.
+template <KernelType T>
+struct Profile;
+
+template <>
+struct Profile<KernelType::RBF> {
+  static void value_and_slope(double r2, double& f, double& df) {
+    f = std::exp(-0.5 * r2);
+    df = -0.5 * f;
+  }
+};
+
+template <>
+struct Profile<KernelType::Matern12> {
+  // df/dr^2 = -f / (2r) is unbounded at r = 0, where the kernel has a cusp. There its
+  // product with every d(r^2)/dtheta (which vanishes like r^2) tends to 0, so 0 is the
+  // right value for the parameter gradients and the symmetric subgradient for X.
+  static void value_and_slope(double r2, double& f, double& df) {
+    const double r = std::sqrt(r2);
+    f = std::exp(-r);
+    df = r > 0.0 ? -0.5 * f / r : 0.0;
+  }
+};
+
+template <>
+struct Profile<KernelType::Matern32> {
+  static void value_and_slope(double r2, double& f, double& df) {
+    constexpr double kSqrt3 = 1.7320508075688772;
+    const double r = std::sqrt(r2), e = std::exp(-kSqrt3 * r);
+    f = (1.0 + kSqrt3 * r) * e;
+    df = -1.5 * e;
+  }
+};
+
+template <>
+struct Profile<KernelType::Matern52> {
+  static void value_and_slope(double r2, double& f, double& df) {
+    constexpr double kSqrt5 = 2.23606797749979;
+    const double r = std::sqrt(r2), e = std::exp(-kSqrt5 * r);
+    f = (1.0 + kSqrt5 * r + (5.0 / 3.0) * r2) * e;
+    df = -(5.0 / 6.0) * (1.0 + kSqrt5 * r) * e;
+  }
+};
+
+// f alone (the slope is dead code once inlined).
+template <KernelType T>
+double profile_value(double r2) {
+  double f, df;
+  Profile<T>::value_and_slope(r2, f, df);
+  return f;
+}
+
+// Scaled inputs a = (X - c) / l, b = (X2 - c) / l and their squared norms, from which
+// r^2_ij = |a_i|^2 + |b_j|^2 - 2 a_i.b_j with one GEMM. The kernel does not change under a
+// common shift c; centring on the mean of X keeps the norms small, which limits the
+// cancellation in that difference (and in the GEMM-shaped gradients built the same way).
+struct ScaledPair {
+  ScaledPair(const Inputs& in, const std::vector<double>& inv_lengthscale)
+      : shift(column_means(in.X)),
+        a_buf(scale_columns(in.X, shift, inv_lengthscale)),
+        b_buf(in.same ? Matrix(0, 0) : scale_columns(in.X2, shift, inv_lengthscale)),
+        a(a_buf.view()),
+        b(in.same ? a : ConstMatrixView(b_buf.view())),
+        a_norms(row_squared_norms(a)),
+        b_norms(in.same ? a_norms : row_squared_norms(b)) {}
+
+  // r^2 from the entry s = -2 a_i.b_j of the cross product. Rounding can make it slightly
+  // negative (clamped); the diagonal of K(X, X) is exactly 0.
+  double r2(double s, index_t i, index_t j, bool same) const {
+    if (same && i == j) return 0.0;
+    return std::max(0.0, s + (a_norms[i] + b_norms[j]));
+  }
+
+  std::vector<double> shift;
+  Matrix a_buf, b_buf;  // b_buf is empty when `same` (b is a)
+  ConstMatrixView a, b;
+  std::vector<double> a_norms, b_norms;
+};
+
+template <KernelType T>
+class Stationary final : public Node {
+ public:
+  Stationary(const LeafParams& p, index_t D)
+      : offset_(p.offset),
+        variance_(p.values[0]),
+        ard_(p.values.size() > 2),
+        inv_lengthscale_(per_dimension(p.values.data() + 1,
+                                       static_cast<index_t>(p.values.size()) - 1, D)) {
+    for (double& v : inv_lengthscale_) v = 1.0 / v;
+  }
+
+  void K(const Inputs& in, MatrixView out) const override {
+    const ScaledPair s(in, inv_lengthscale_);
+    cross_product(s.a, s.b, in.same, -2.0, out);
+    for_each_row(out.rows, out.cols, in.same, [&](index_t i, index_t end) noexcept {
+      double* o = out.row(i);
+      for (index_t j = 0; j < end; ++j)
+        o[j] = variance_ * profile_value<T>(s.r2(o[j], i, j, in.same));
+    });
+    if (in.same) mirror_lower(out);
+  }
+
+  void Kdiag(ConstMatrixView X, double* out) const override {
+    std::fill(out, out + X.rows, variance_);
+  }
+
+  // With W = G o dk/d(r^2), every gradient is a contraction of W with d(r^2):
+  //   d/dl_d:  -2/l_d sum_ij W_ij (a_id - b_jd)^2
+  //          = -2/l_d sum_i [a_id^2 R_i - 2 a_id (W b)_id + (W (b o b))_id],  R = W 1
+  //   dX_id:    2/l_d (a_id R_i - (W b)_id)
+  //   dX2_jd:   2/l_d (b_jd C_j - (W^T a)_jd),                                C = W^T 1
+  // so beyond one elementwise pass the work is two GEMMs, W [b, b o b] and W^T [a, 1].
+  void K_vjp(const Inputs& in, ConstMatrixView G, double* dparams, MatrixView* dX,
+             MatrixView* dX2) const override {
+    const index_t N = in.X.rows, M = in.X2.rows, D = in.X.cols;
+    const ScaledPair s(in, inv_lengthscale_);
+    Matrix W_buf(N, M);
+    const MatrixView W = W_buf.view();
+    cross_product(s.a, s.b, in.same, -2.0, W);
+    if (in.same) mirror_lower(W);
+
+    // Per-row partial sums of G o f (variance), W (R) and W o r^2 (isotropic lengthscale).
+    std::vector<double> row_gf(N), row_w(N), row_wr2(N);
+    for_each_row(N, M, false, [&](index_t i, index_t end) noexcept {
+      const double* g = G.row(i);
+      double* w = W.row(i);
+      double gf = 0.0, sw = 0.0, swr2 = 0.0;
+      for (index_t j = 0; j < end; ++j) {
+        const double r2 = s.r2(w[j], i, j, in.same);
+        double f, df;
+        Profile<T>::value_and_slope(r2, f, df);
+        const double wij = g[j] * variance_ * df;
+        gf += g[j] * f;
+        sw += wij;
+        swr2 += wij * r2;
+        w[j] = wij;
+      }
+      row_gf[i] = gf;
+      row_w[i] = sw;
+      row_wr2[i] = swr2;
+    });
+    dparams[offset_] += ordered_sum(row_gf);
+    if (!ard_) dparams[offset_ + 1] += -2.0 * inv_lengthscale_[0] * ordered_sum(row_wr2);
+
+    // The O((N + M) D) loops below are too small to be worth threads.
+    if (ard_ || dX != nullptr) {
+      // WB = W [b, b o b] (the b o b half only for ARD).
+      const index_t cols = ard_ ? 2 * D : D;
+      Matrix B_buf(M, cols), WB_buf(N, cols);
+      const MatrixView B = B_buf.view(), WB = WB_buf.view();
+      for (index_t j = 0; j < M; ++j)
+        for (index_t d = 0; d < D; ++d) {
+          B(j, d) = s.b(j, d);
+          if (ard_) B(j, D + d) = s.b(j, d) * s.b(j, d);
+        }
+      blas::gemm(blas::Trans::No, blas::Trans::No, 1.0, W, B, 0.0, WB);
+      if (ard_) {
+        std::vector<double> total(D, 0.0);
+        for (index_t i = 0; i < N; ++i)
+          for (index_t d = 0; d < D; ++d) {
+            const double a = s.a(i, d);
+            total[d] += a * a * row_w[i] - 2.0 * a * WB(i, d) + WB(i, D + d);
+          }
+        for (index_t d = 0; d < D; ++d)
+          dparams[offset_ + 1 + d] += -2.0 * inv_lengthscale_[d] * total[d];
+      }
+      if (dX != nullptr)
+        for (index_t i = 0; i < N; ++i)
+          for (index_t d = 0; d < D; ++d)
+            (*dX)(i, d) += 2.0 * inv_lengthscale_[d] * (s.a(i, d) * row_w[i] - WB(i, d));
+    }
+    if (dX2 != nullptr) {
+      // WA = W^T [a, 1]; its last column holds the column sums C.
+      Matrix A_buf(N, D + 1), WA_buf(M, D + 1);
+      const MatrixView A = A_buf.view(), WA = WA_buf.view();
+      for (index_t i = 0; i < N; ++i) {
+        for (index_t d = 0; d < D; ++d) A(i, d) = s.a(i, d);
+        A(i, D) = 1.0;
+      }
+      blas::gemm(blas::Trans::Yes, blas::Trans::No, 1.0, W, A, 0.0, WA);
+      for (index_t j = 0; j < M; ++j)
+        for (index_t d = 0; d < D; ++d)
+          (*dX2)(j, d) += 2.0 * inv_lengthscale_[d] * (s.b(j, d) * WA(j, D) - WA(j, d));
+    }
+  }
+
+  // The diagonal is the variance; the lengthscales do not enter it.
+  void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const override {
+    dparams[offset_] += vector_sum(g, X.rows);
+  }
+
+ private:
+  index_t offset_;
+  double variance_;
+  bool ard_;                             // one lengthscale per dimension (else one shared)
+  std::vector<double> inv_lengthscale_;  // [D], 1 / l_d
+};
+
+
+// ---- Linear: k = sum_d v_d x_d x2_d = a.b with a = x o sqrt(v), b = x2 o sqrt(v) ----
+
+class Linear final : public Node {
+ public:
+  Linear(const LeafParams& p, index_t D)
+      : offset_(p.offset),
+        ard_(p.values.size() > 1),
+        variance_(per_dimension(p.values.data(), static_cast<index_t>(p.values.size()), D)),
+        no_shift_(static_cast<std::size_t>(D), 0.0) {
+    for (double v : variance_) sqrt_variance_.push_back(std::sqrt(v));
+  }
+
+  void K(const Inputs& in, MatrixView out) const override {
+    const Matrix a = scale_columns(in.X, no_shift_, sqrt_variance_);
+    if (in.same) {
+      cross_product(a.view(), a.view(), true, 1.0, out);
+      mirror_lower(out);
+    } else {
+      const Matrix b = scale_columns(in.X2, no_shift_, sqrt_variance_);
+      cross_product(a.view(), b.view(), false, 1.0, out);
+    }
+  }
+
+  void Kdiag(ConstMatrixView X, double* out) const override {
+    for_each_row(X.rows, X.cols, false, [&](index_t i, index_t D) noexcept {
+      double s = 0.0;
+      for (index_t d = 0; d < D; ++d) s += variance_[d] * X(i, d) * X(i, d);
+      out[i] = s;
+    });
+  }
+
+  // With GX2 = G X2 [N, D]: dv_d = sum_i X_id GX2_id, dX = GX2 o v, dX2 = (G^T X) o v.
+  // The O((N + M) D) loops are too small to be worth threads.
+  void K_vjp(const Inputs& in, ConstMatrixView G, double* dparams, MatrixView* dX,
+             MatrixView* dX2) const override {
+    const index_t N = in.X.rows, M = in.X2.rows, D = in.X.cols;
+    Matrix GX2_buf(N, D);
+    const MatrixView GX2 = GX2_buf.view();
+    blas::gemm(blas::Trans::No, blas::Trans::No, 1.0, G, in.X2, 0.0, GX2);
+    std::vector<double> total(static_cast<std::size_t>(D), 0.0);
+    for (index_t i = 0; i < N; ++i)
+      for (index_t d = 0; d < D; ++d) total[d] += in.X(i, d) * GX2(i, d);
+    accumulate_variance_gradient(total, dparams);
+    if (dX != nullptr)
+      for (index_t i = 0; i < N; ++i)
+        for (index_t d = 0; d < D; ++d) (*dX)(i, d) += variance_[d] * GX2(i, d);
+    if (dX2 != nullptr) {
+      Matrix GtX_buf(M, D);
+      const MatrixView GtX = GtX_buf.view();
+      blas::gemm(blas::Trans::Yes, blas::Trans::No, 1.0, G, in.X, 0.0, GtX);
+      for (index_t j = 0; j < M; ++j)
+        for (index_t d = 0; d < D; ++d) (*dX2)(j, d) += variance_[d] * GtX(j, d);
+    }
+  }
+
+  void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const override {
+    std::vector<double> total(static_cast<std::size_t>(X.cols), 0.0);
+    for (index_t i = 0; i < X.rows; ++i)
+      for (index_t d = 0; d < X.cols; ++d) total[d] += g[i] * X(i, d) * X(i, d);
+    accumulate_variance_gradient(total, dparams);
+  }
+
+ private:
+  // total[d] = sum G o dK/dv_d; a shared variance gets the sum over d.
+  void accumulate_variance_gradient(const std::vector<double>& total, double* dparams) const {
+    if (ard_)
+      for (std::size_t d = 0; d < total.size(); ++d) dparams[offset_ + d] += total[d];
+    else
+      dparams[offset_] += ordered_sum(total);
+  }
+
+  index_t offset_;
+  bool ard_;
+  std::vector<double> variance_;  // [D]
+  std::vector<double> sqrt_variance_;
+  std::vector<double> no_shift_;  // zeros: the linear kernel is not shift invariant
+};
+
+// Fills out with `value`, then sets its diagonal to `diagonal` when `with_diagonal`.
+void fill(MatrixView out, double value, bool with_diagonal, double diagonal) {
+  for_each_row(out.rows, out.cols, false, [&](index_t i, index_t end) noexcept {
+    double* o = out.row(i);
+    std::fill(o, o + end, value);
+    if (with_diagonal && i < end) o[i] = diagonal;
+  });
+}
+
+// ---- Constant: k = variance ----
+
+class Constant final : public Node {
+ public:
+  explicit Constant(const LeafParams& p) : offset_(p.offset), variance_(p.values[0]) {}
+
+  void K(const Inputs&, MatrixView out) const override { fill(out, variance_, false, 0.0); }
+  void Kdiag(ConstMatrixView X, double* out) const override {
+    std::fill(out, out + X.rows, variance_);
+  }
+  void K_vjp(const Inputs&, ConstMatrixView G, double* dparams, MatrixView*,
+             MatrixView*) const override {
+    std::vector<double> row_sum(static_cast<std::size_t>(G.rows));
+    for_each_row(G.rows, G.cols, false, [&](index_t i, index_t end) noexcept {
+      row_sum[i] = vector_sum(G.row(i), end);
+    });
+    dparams[offset_] += ordered_sum(row_sum);
+  }
+  void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const override {
+    dparams[offset_] += vector_sum(g, X.rows);
+  }
+
+ private:
+  index_t offset_;
+  double variance_;
+};
+
+// ---- White: k = variance * [same and i == j] ----
+
+class White final : public Node {
+ public:
+  explicit White(const LeafParams& p) : offset_(p.offset), variance_(p.values[0]) {}
+
+  void K(const Inputs& in, MatrixView out) const override { fill(out, 0.0, in.same, variance_); }
+  void Kdiag(ConstMatrixView X, double* out) const override {
+    std::fill(out, out + X.rows, variance_);
+  }
+  void K_vjp(const Inputs& in, ConstMatrixView G, double* dparams, MatrixView*,
+             MatrixView*) const override {
+    if (!in.same) return;
+    double trace = 0.0;
+    for (index_t i = 0; i < G.rows; ++i) trace += G(i, i);
+    dparams[offset_] += trace;
+  }
+  void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const override {
+    dparams[offset_] += vector_sum(g, X.rows);
+  }
+
+ private:
+  index_t offset_;
+  double variance_;
+};
+
+// ---- Sum and Product of children ----
+
+using Children = std::vector<std::unique_ptr<Node>>;
+
+// out = out + other (Sum) or out o other (Product), elementwise.
+template <bool kMultiply>
+void combine(MatrixView out, ConstMatrixView other) {
+  for_each_row(out.rows, out.cols, false, [&](index_t i, index_t end) noexcept {
+    double* o = out.row(i);
+    const double* x = other.row(i);
+    for (index_t j = 0; j < end; ++j) o[j] = kMultiply ? o[j] * x[j] : o[j] + x[j];
+  });
+}
+
+template <bool kMultiply>
+void combine(double* out, const double* other, index_t n) {
+  for (index_t i = 0; i < n; ++i) out[i] = kMultiply ? out[i] * other[i] : out[i] + other[i];
+}
+
+// K and Kdiag of a Sum or Product: the first child writes, the others are combined in.
+template <bool kMultiply>
+void combined_K(const Children& children, const Inputs& in, MatrixView out) {
+  children[0]->K(in, out);
+  if (children.size() == 1) return;
+  Matrix other(out.rows, out.cols);
+  for (std::size_t c = 1; c < children.size(); ++c) {
+    children[c]->K(in, other.view());
+    combine<kMultiply>(out, other.view());
+  }
+}
+
+template <bool kMultiply>
+void combined_Kdiag(const Children& children, ConstMatrixView X, double* out) {
+  children[0]->Kdiag(X, out);
+  std::vector<double> other(static_cast<std::size_t>(X.rows));
+  for (std::size_t c = 1; c < children.size(); ++c) {
+    children[c]->Kdiag(X, other.data());
+    combine<kMultiply>(out, other.data(), X.rows);
+  }
+}
+
+class Sum final : public Node {
+ public:
+  explicit Sum(Children children) : children_(std::move(children)) {}
+
+  void K(const Inputs& in, MatrixView out) const override { combined_K<false>(children_, in, out); }
+  void Kdiag(ConstMatrixView X, double* out) const override {
+    combined_Kdiag<false>(children_, X, out);
+  }
+  void K_vjp(const Inputs& in, ConstMatrixView G, double* dparams, MatrixView* dX,
+             MatrixView* dX2) const override {
+    for (const auto& child : children_) child->K_vjp(in, G, dparams, dX, dX2);
+  }
+  void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const override {
+    for (const auto& child : children_) child->Kdiag_vjp(X, g, dparams);
+  }
+
+ private:
+  Children children_;
+};
+
+// The adjoint of child c is G o (product of the other children's K), with every child's K
+// evaluated once.
+class Product final : public Node {
+ public:
+  explicit Product(Children children) : children_(std::move(children)) {}
+
+  void K(const Inputs& in, MatrixView out) const override { combined_K<true>(children_, in, out); }
+  void Kdiag(ConstMatrixView X, double* out) const override {
+    combined_Kdiag<true>(children_, X, out);
+  }
+
+  void K_vjp(const Inputs& in, ConstMatrixView G, double* dparams, MatrixView* dX,
+             MatrixView* dX2) const override {
+    const index_t N = G.rows, M = G.cols;
+    std::vector<Matrix> Ks;
+    Ks.reserve(children_.size());
+    for (const auto& child : children_) {
+      Ks.emplace_back(N, M);
+      child->K(in, Ks.back().view());
+    }
+    Matrix Gc_buf(N, M);
+    const MatrixView Gc = Gc_buf.view();
+    for (std::size_t c = 0; c < children_.size(); ++c) {
+      for_each_row(N, M, false, [&](index_t i, index_t end) noexcept {
+        double* out = Gc.row(i);
+        std::copy(G.row(i), G.row(i) + end, out);
+        for (std::size_t o = 0; o < Ks.size(); ++o) {
+          if (o == c) continue;
+          const double* k = Ks[o].view().row(i);
+          for (index_t j = 0; j < end; ++j) out[j] *= k[j];
+        }
+      });
+      children_[c]->K_vjp(in, Gc, dparams, dX, dX2);
+    }
+  }
+
+  void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const override {
+    const index_t N = X.rows;
+    std::vector<std::vector<double>> diags;
+    for (const auto& child : children_) {
+      diags.emplace_back(static_cast<std::size_t>(N));
+      child->Kdiag(X, diags.back().data());
+    }
+    std::vector<double> gc(static_cast<std::size_t>(N));
+    for (std::size_t c = 0; c < children_.size(); ++c) {
+      std::copy(g, g + N, gc.begin());
+      for (std::size_t o = 0; o < diags.size(); ++o)
+        if (o != c) combine<true>(gc.data(), diags[o].data(), N);
+      children_[c]->Kdiag_vjp(X, gc.data(), dparams);
+    }
+  }
+
+ private:
+  Children children_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Parsing the description (layout in kernels.hpp)
+// ---------------------------------------------------------------------------------------
+
+const char* type_name(std::int32_t type) {
+  static const char* const names[] = {"RBF",      "Matern12", "Matern32", "Matern52", "Linear",
+                                      "Constant", "White",    "Sum",      "Product"};
+  return names[type];
+}
+
+class Parser {
+ public:
+  Parser(const std::int32_t* codes, index_t n_codes, const double* params, index_t n_params,
+         index_t input_dim)
+      : codes_(codes), n_codes_(n_codes), params_(params), n_params_(n_params), D_(input_dim) {}
+
+  std::unique_ptr<Node> parse() {
+    auto root = node(0);
+    require(pos_ == n_codes_, "kernel codes: " + std::to_string(n_codes_ - pos_) +
+                                  " entries are left after the kernel ends at codes[" +
+                                  std::to_string(pos_) + "]");
+    require(param_pos_ == n_params_, "kernel params: got " + std::to_string(n_params_) +
+                                         " values but the kernel uses " +
+                                         std::to_string(param_pos_));
+    return root;
+  }
+
+ private:
+  std::unique_ptr<Node> node(int depth) {
+    require(depth <= kMaxDepth,
+            "kernel codes: nesting deeper than " + std::to_string(kMaxDepth) + " levels");
+    require(pos_ + 2 <= n_codes_, "kernel codes: node at codes[" + std::to_string(pos_) +
+                                      "] is cut off (each node takes two entries: type, count)");
+    const index_t at = pos_;
+    const std::int32_t type = codes_[pos_], count = codes_[pos_ + 1];
+    pos_ += 2;
+    const std::string where = "kernel codes[" + std::to_string(at) + "]: ";
+    require(type >= 0 && type <= static_cast<std::int32_t>(KernelType::Product),
+            where + "unknown kernel type " + std::to_string(type) + " (expected 0.." +
+                std::to_string(static_cast<int>(KernelType::Product)) + ")");
+    const std::string name = type_name(type);
+    switch (static_cast<KernelType>(type)) {
+      case KernelType::Sum:
+      case KernelType::Product: {
+        require(count >= 1,
+                where + name + " needs at least one child, got " + std::to_string(count));
+        Children children;
+        for (std::int32_t c = 0; c < count; ++c) children.push_back(node(depth + 1));
+        if (static_cast<KernelType>(type) == KernelType::Sum)
+          return std::make_unique<Sum>(std::move(children));
+        return std::make_unique<Product>(std::move(children));
+      }
+      case KernelType::RBF:
+        return stationary<KernelType::RBF>(where, name, count);
+      case KernelType::Matern12:
+        return stationary<KernelType::Matern12>(where, name, count);
+      case KernelType::Matern32:
+        return stationary<KernelType::Matern32>(where, name, count);
+      case KernelType::Matern52:
+        return stationary<KernelType::Matern52>(where, name, count);
+      case KernelType::Linear:
+        require(count == 1 || count == D_,
+                where + "Linear takes 1 variance or one per dimension (" + std::to_string(D_) +
+                    "), got " + std::to_string(count) + " parameters");
+        return std::make_unique<Linear>(take(where, name, count), D_);
+      case KernelType::Constant:
+        return std::make_unique<Constant>(variance_only(where, name, count));
+      case KernelType::White:
+        return std::make_unique<White>(variance_only(where, name, count));
+    }
+    throw std::invalid_argument(where + "unknown kernel type");  // unreachable: type checked above
+  }
+
+  template <KernelType T>
+  std::unique_ptr<Node> stationary(const std::string& where, const std::string& name,
+                                   std::int32_t count) {
+    require(count == 2 || count == 1 + D_,
+            where + name + " takes a variance and 1 lengthscale or one per dimension (" +
+                std::to_string(D_) + "), i.e. 2 or " + std::to_string(1 + D_) +
+                " parameters; got " + std::to_string(count));
+    return std::make_unique<Stationary<T>>(take(where, name, count), D_);
+  }
+
+  LeafParams variance_only(const std::string& where, const std::string& name, std::int32_t count) {
+    require(count == 1,
+            where + name + " takes 1 parameter (variance), got " + std::to_string(count));
+    return take(where, name, count);
+  }
+
+  // The next `count` parameters, each finite and > 0.
+  LeafParams take(const std::string& where, const std::string& name, std::int32_t count) {
+    require(param_pos_ + count <= n_params_,
+            where + name + " needs params[" + std::to_string(param_pos_) + ".." +
+                std::to_string(param_pos_ + count - 1) + "] but params has only " +
+                std::to_string(n_params_) + " values");
+    const double* first = params_ + param_pos_;
+    LeafParams p{param_pos_, std::vector<double>(first, first + count)};
+    for (index_t k = 0; k < count; ++k)
+      require(std::isfinite(p.values[k]) && p.values[k] > 0.0,
+              "kernel params[" + std::to_string(param_pos_ + k) + "] (" + name +
+                  ") must be finite and > 0, got " + std::to_string(p.values[k]));
+    param_pos_ += count;
+    return p;
+  }
+
+  const std::int32_t* codes_;
+  index_t n_codes_;
+  const double* params_;
+  index_t n_params_;
+  index_t D_;
+  index_t pos_ = 0;
+  index_t param_pos_ = 0;
+};
+
+void check_inputs(const Inputs& in, index_t D) {
+  require(in.X.cols == D, "X has " + std::to_string(in.X.cols) +
+                              " columns but the kernel was built for input_dim " +
+                              std::to_string(D));
+  require(in.X2.cols == D, "X2 has " + std::to_string(in.X2.cols) +
+                               " columns but the kernel was built for input_dim " +
+                               std::to_string(D));
+  require(!in.same || in.X2.rows == in.X.rows, "same=true needs X2 to be X");
+}
+
+std::string shape(index_t rows, index_t cols) {
+  return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+}
+
+void check_shape(const char* name, index_t rows, index_t cols, index_t want_rows,
+                 index_t want_cols) {
+  require(rows == want_rows && cols == want_cols, std::string(name) + " has shape " +
+                                                      shape(rows, cols) + ", expected " +
+                                                      shape(want_rows, want_cols));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Kernel
+// ---------------------------------------------------------------------------------------
+
+Kernel::Kernel(const std::int32_t* codes, index_t n_codes, const double* params, index_t n_params,
+               index_t input_dim)
+    : num_params_(n_params), input_dim_(input_dim) {
+  require(input_dim >= 1, "kernel input_dim must be >= 1, got " + std::to_string(input_dim));
+  root_ = Parser(codes, n_codes, params, n_params, input_dim).parse();
+}
+
+Kernel::~Kernel() = default;
+Kernel::Kernel(Kernel&&) noexcept = default;
+Kernel& Kernel::operator=(Kernel&&) noexcept = default;
+
+index_t Kernel::num_params() const { return num_params_; }
+index_t Kernel::input_dim() const { return input_dim_; }
+
+void Kernel::K(ConstMatrixView X, ConstMatrixView X2, bool same, MatrixView out) const {
+  const Inputs in{X, X2, same};
+  check_inputs(in, input_dim_);
+  check_shape("K output", out.rows, out.cols, X.rows, X2.rows);
+  if (X.rows == 0 || X2.rows == 0) return;
+  root_->K(in, out);
+}
+
+void Kernel::Kdiag(ConstMatrixView X, double* out) const {
+  check_inputs(Inputs{X, X, true}, input_dim_);
+  if (X.rows == 0) return;
+  root_->Kdiag(X, out);
+}
+
+void Kernel::K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrixView G,
+                   double* dparams, MatrixView* dX, MatrixView* dX2) const {
+  const Inputs in{X, X2, same};
+  check_inputs(in, input_dim_);
+  check_shape("G", G.rows, G.cols, X.rows, X2.rows);
+  if (dX != nullptr) check_shape("dX", dX->rows, dX->cols, X.rows, X.cols);
+  if (dX2 != nullptr) check_shape("dX2", dX2->rows, dX2->cols, X2.rows, X2.cols);
+  if (X.rows == 0 || X2.rows == 0) return;
+  root_->K_vjp(in, G, dparams, dX, dX2);
+}
+
+void Kernel::Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const {
+  check_inputs(Inputs{X, X, true}, input_dim_);
+  if (X.rows == 0) return;
+  root_->Kdiag_vjp(X, g, dparams);
+}
+
+}  // namespace pygpfast::kernels

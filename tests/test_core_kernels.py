@@ -1,0 +1,268 @@
+"""Raw kernel bindings (_core.kernel_*) against dense numpy references."""
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import cdist
+
+from pygpfast import _core
+
+RBF, M12, M32, M52, LINEAR, CONSTANT, WHITE, SUM, PRODUCT = range(9)
+STATIONARY = (RBF, M12, M32, M52)
+
+# ---- a reference implementation on small trees: ("leaf", code, params) / (SUM|PRODUCT, [children])
+
+
+def leaf(code, *params):
+    return ("leaf", code, np.asarray(params, dtype=np.float64))
+
+
+def describe(tree):
+    """(codes int32, params float64) in the core's prefix layout."""
+    codes, params = [], []
+
+    def visit(node):
+        if node[0] == "leaf":
+            codes.extend([node[1], node[2].size])
+            params.append(node[2])
+        else:
+            codes.extend([node[0], len(node[1])])
+            for child in node[1]:
+                visit(child)
+
+    visit(tree)
+    return np.asarray(codes, dtype=np.int32), np.concatenate(params)
+
+
+def ref_leaf(code, p, X, X2, same):
+    if code in STATIONARY:
+        s2, lengthscale = p[0], p[1:]
+        r2 = cdist(X / lengthscale, X2 / lengthscale, "sqeuclidean")
+        r = np.sqrt(r2)
+        f = {
+            RBF: lambda: np.exp(-r2 / 2),
+            M12: lambda: np.exp(-r),
+            M32: lambda: (1 + np.sqrt(3) * r) * np.exp(-np.sqrt(3) * r),
+            M52: lambda: (1 + np.sqrt(5) * r + 5 * r2 / 3) * np.exp(-np.sqrt(5) * r),
+        }[code]()
+        return s2 * f
+    if code == LINEAR:
+        return (X * p) @ X2.T
+    if code == CONSTANT:
+        return np.full((X.shape[0], X2.shape[0]), p[0])
+    assert code == WHITE
+    return p[0] * np.eye(X.shape[0]) if same else np.zeros((X.shape[0], X2.shape[0]))
+
+
+def ref_K(tree, X, X2=None):
+    same = X2 is None
+    X2 = X if same else X2
+    if tree[0] == "leaf":
+        return ref_leaf(tree[1], tree[2], X, X2, same)
+    parts = [ref_K(child, X, None if same else X2) for child in tree[1]]
+    return np.sum(parts, axis=0) if tree[0] == SUM else np.prod(parts, axis=0)
+
+
+def with_params(tree, flat):
+    """The tree with its parameters replaced by `flat` (prefix order)."""
+    it = iter(flat)
+
+    def visit(node):
+        if node[0] == "leaf":
+            return ("leaf", node[1], np.array([next(it) for _ in node[2]]))
+        return (node[0], [visit(c) for c in node[1]])
+
+    return visit(tree)
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(9, 3)), rng.normal(size=(7, 3)), rng.normal(size=(9, 7))
+
+
+LEAVES = {
+    "rbf": leaf(RBF, 1.3, 0.7),
+    "rbf_ard": leaf(RBF, 0.8, 0.5, 1.5, 2.5),
+    "matern12": leaf(M12, 1.1, 0.9),
+    "matern12_ard": leaf(M12, 1.1, 0.9, 0.4, 1.7),
+    "matern32": leaf(M32, 0.6, 1.2),
+    "matern32_ard": leaf(M32, 0.6, 1.2, 0.3, 0.8),
+    "matern52": leaf(M52, 2.0, 0.8),
+    "matern52_ard": leaf(M52, 2.0, 0.8, 1.9, 0.6),
+    "linear": leaf(LINEAR, 0.7),
+    "linear_ard": leaf(LINEAR, 0.7, 1.4, 0.2),
+    "constant": leaf(CONSTANT, 0.9),
+    "white": leaf(WHITE, 0.3),
+}
+TREES = {
+    **LEAVES,
+    "rbf*linear+white": (SUM, [(PRODUCT, [LEAVES["rbf"], LEAVES["linear"]]), LEAVES["white"]]),
+    "matern52_ard+constant": (SUM, [LEAVES["matern52_ard"], LEAVES["constant"]]),
+    "nested": (
+        PRODUCT,
+        [
+            (SUM, [LEAVES["matern12_ard"], (PRODUCT, [LEAVES["linear_ard"], LEAVES["matern32"]])]),
+            LEAVES["rbf_ard"],
+            (SUM, [LEAVES["constant"], LEAVES["white"], LEAVES["matern52"]]),
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", TREES)
+def test_K_and_Kdiag_match_numpy(name, data):
+    X, X2, _ = data
+    codes, params = describe(TREES[name])
+    np.testing.assert_allclose(
+        _core.kernel_K(codes, params, X, X2), ref_K(TREES[name], X, X2), rtol=1e-12, atol=1e-12
+    )
+    K = _core.kernel_K(codes, params, X, None)
+    np.testing.assert_allclose(K, ref_K(TREES[name], X), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(K, K.T)
+    np.testing.assert_allclose(_core.kernel_Kdiag(codes, params, X), np.diag(K), rtol=1e-14)
+
+
+def central_difference(f, x, eps=1e-6):
+    x = np.array(x, dtype=np.float64)
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        step = np.zeros_like(x)
+        step[idx] = eps
+        grad[idx] = (f(x + step) - f(x - step)) / (2 * eps)
+    return grad
+
+
+@pytest.mark.parametrize("name", TREES)
+@pytest.mark.parametrize("same", [False, True])
+def test_vjp_matches_finite_differences_of_numpy(name, same, data):
+    X, X2, G = data
+    tree = TREES[name]
+    codes, params = describe(tree)
+    if same:
+        X2, G = None, np.random.default_rng(5).normal(size=(9, 9))
+    dparams, dX, dX2 = _core.kernel_K_vjp(codes, params, X, X2, G, True, True)
+
+    np.testing.assert_allclose(
+        dparams,
+        central_difference(lambda p: np.sum(G * ref_K(with_params(tree, p), X, X2)), params),
+        rtol=1e-6,
+        atol=1e-7,
+    )
+    if same:  # the gradient through both arguments of K(X, X)
+        fd = central_difference(lambda Z: np.sum(G * ref_K(tree, Z)), X)
+        np.testing.assert_allclose(dX + dX2, fd, rtol=1e-6, atol=1e-7)
+    else:
+        fd = central_difference(lambda Z: np.sum(G * ref_K(tree, Z, X2)), X)
+        np.testing.assert_allclose(dX, fd, rtol=1e-6, atol=1e-7)
+        fd2 = central_difference(lambda Z: np.sum(G * ref_K(tree, X, Z)), X2)
+        np.testing.assert_allclose(dX2, fd2, rtol=1e-6, atol=1e-7)
+
+    g = np.ascontiguousarray(G[:, 0])
+    np.testing.assert_allclose(
+        _core.kernel_Kdiag_vjp(codes, params, X, g),
+        central_difference(lambda p: g @ np.diag(ref_K(with_params(tree, p), X)), params),
+        rtol=1e-6,
+        atol=1e-7,
+    )
+
+
+def test_vjp_skips_unrequested_input_gradients(data):
+    X, X2, G = data
+    codes, params = describe(LEAVES["rbf_ard"])
+    dparams, dX, dX2 = _core.kernel_K_vjp(codes, params, X, X2, G, False, False)
+    assert dparams.shape == (4,) and dX is None and dX2 is None
+
+
+def test_inputs_far_from_origin_keep_accuracy():
+    # Inputs far from 0 relative to the lengthscales: r^2 and the GEMM-shaped gradients,
+    # built from squared norms, would cancel badly without the core's centring.
+    rng = np.random.default_rng(1)
+    X, X2 = 1e4 + rng.normal(size=(30, 2)), 1e4 + rng.normal(size=(20, 2))
+    G = rng.normal(size=(30, 20))
+    tree = leaf(RBF, 1.5, 0.6, 1.3)
+    codes, params = describe(tree)
+    K = ref_K(tree, X, X2)
+    np.testing.assert_allclose(_core.kernel_K(codes, params, X, X2), K, rtol=1e-9, atol=1e-12)
+
+    lengthscale = params[1:]
+    diff = X[:, None, :] - X2[None, :, :]  # [N, M, D]
+    GK = (G * K)[:, :, None]
+    expected_dl = np.sum(GK * diff**2, axis=(0, 1)) / lengthscale**3
+    expected_dX = -np.sum(GK * diff, axis=1) / lengthscale**2
+    expected_dX2 = np.sum(GK * diff, axis=0) / lengthscale**2
+    dparams, dX, dX2 = _core.kernel_K_vjp(codes, params, X, X2, G, True, True)
+    np.testing.assert_allclose(dparams[1:], expected_dl, rtol=1e-9)
+    np.testing.assert_allclose(dX, expected_dX, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(dX2, expected_dX2, rtol=1e-9, atol=1e-12)
+
+
+# ---- bad input becomes ValueError, never a crash ----
+
+GOOD_CODES, GOOD_PARAMS = describe(LEAVES["rbf_ard"])
+
+
+@pytest.mark.parametrize(
+    "codes, params, message",
+    [
+        (GOOD_CODES.astype(np.int64), GOOD_PARAMS, "int32"),
+        (np.repeat(GOOD_CODES, 2)[::2], GOOD_PARAMS, "C-contiguous"),
+        (GOOD_CODES.reshape(1, 2), GOOD_PARAMS, "1-D"),
+        (GOOD_CODES, GOOD_PARAMS.astype(np.float32), "float64"),
+        (GOOD_CODES, np.repeat(GOOD_PARAMS, 2)[::2], "C-contiguous"),
+        (GOOD_CODES, GOOD_PARAMS[:3], "params"),
+        (np.array([RBF, 3], np.int32), GOOD_PARAMS[:3], "2 or 4"),
+        (GOOD_CODES, np.append(GOOD_PARAMS, 1.0), "uses 4"),
+        (GOOD_CODES, np.array([1.0, 1.0, -1.0, 1.0]), "finite and > 0"),
+        (GOOD_CODES, np.array([1.0, np.nan, 1.0, 1.0]), "finite and > 0"),
+        (GOOD_CODES, np.array([1.0, 1.0, 0.0, 1.0]), "finite and > 0"),
+        (np.array([42, 1], np.int32), np.ones(1), "unknown kernel type"),
+        (np.array([-1, 1], np.int32), np.ones(1), "unknown kernel type"),
+        (np.array([], np.int32), np.ones(1), "cut off"),
+        (np.array([SUM, 2, RBF, 4, WHITE], np.int32), GOOD_PARAMS, "cut off"),
+        (np.array([SUM, 2, RBF, 4, WHITE, 1], np.int32), GOOD_PARAMS, "needs params"),
+        (np.array([SUM, 0], np.int32), np.ones(0), "at least one child"),
+        (np.array([SUM, 2, WHITE, 1], np.int32), np.ones(1), "cut off"),
+        (np.array([WHITE, 1, WHITE, 1], np.int32), np.ones(2), "left after"),
+        (np.array([LINEAR, 2], np.int32), np.ones(2), "Linear"),
+        (np.array([CONSTANT, 2], np.int32), np.ones(2), "Constant"),
+        (np.array([SUM, 1] * 5000 + [WHITE, 1], np.int32), np.ones(1), "nesting"),
+    ],
+)
+def test_bad_description_raises_value_error(codes, params, message):
+    X = np.ones((4, 3))
+    for call in (
+        lambda: _core.kernel_K(codes, params, X, None),
+        lambda: _core.kernel_Kdiag(codes, params, X),
+        lambda: _core.kernel_K_vjp(codes, params, X, None, np.ones((4, 4)), True, True),
+        lambda: _core.kernel_Kdiag_vjp(codes, params, X, np.ones(4)),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_bad_arrays_raise_value_error():
+    X = np.ones((4, 3))
+    codes, params = GOOD_CODES, GOOD_PARAMS
+    cases = [
+        (lambda: _core.kernel_K(codes, params, X.astype(np.float32), None), "float64"),
+        (lambda: _core.kernel_K(codes, params, np.asfortranarray(X), None), "C-contig"),
+        (lambda: _core.kernel_K(codes, params, np.ones(3), None), "2-D"),
+        (lambda: _core.kernel_K(codes, params, X, np.ones((2, 2))), "X2 has 2 columns"),
+        (lambda: _core.kernel_K(codes, params, np.ones((4, 2)), None), "2 or 3"),
+        (lambda: _core.kernel_K_vjp(codes, params, X, None, np.ones((4, 3)), False, False), "G"),
+        (lambda: _core.kernel_K_vjp(codes, params, X, X, np.ones(4), False, False), "2-D"),
+        (lambda: _core.kernel_Kdiag_vjp(codes, params, X, np.ones(3)), "length 4"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_empty_inputs_give_empty_results():
+    codes, params = GOOD_CODES, GOOD_PARAMS
+    X = np.ones((0, 3))
+    assert _core.kernel_K(codes, params, X, np.ones((2, 3))).shape == (0, 2)
+    assert _core.kernel_Kdiag(codes, params, X).shape == (0,)
+    dparams, dX, _ = _core.kernel_K_vjp(codes, params, X, None, np.ones((0, 0)), True, False)
+    np.testing.assert_array_equal(dparams, 0.0)
+    assert dX.shape == (0, 3)
