@@ -310,12 +310,15 @@ class _SVGPEstimator(BaseEstimator):
 
     def _fit_lbfgs(self, model, X, t):
         N = X.shape[0]
-        state = {"it": 0, "elbo": -np.inf, "clock": time.perf_counter()}
+        state = {"it": 0, "elbo": -np.inf, "clock": time.perf_counter(), "stopped": False}
 
         class _Stop(Exception):
             pass
 
         def run(packer, maxiter):
+            if state["stopped"]:
+                return None
+
             def objective(x):
                 packer.set(x)
                 value, g = model.elbo(X, t, scale=1.0, with_grad=True)
@@ -328,6 +331,8 @@ class _SVGPEstimator(BaseEstimator):
                 rate = N / max(now - state["clock"], 1e-12)
                 state["clock"] = now
                 if self._report(state["it"], state["elbo"], rate):
+                    state["stopped"] = True
+                    packer.set(xk)  # the accepted iterate, not the last line-search trial
                     raise _Stop
 
             try:
@@ -497,7 +502,8 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
 
     def predict(self, X):
         """Most probable class [T]."""
-        return self.classes_[(self.predict_proba(X)[:, 1] > 0.5).astype(int)]
+        p1 = self.predict_proba(X)[:, 1]
+        return self.classes_[(p1 > 0.5).astype(int)]
 
     def predict_log_proba(self, X):
         """log p(y = class | X) [T, 2], computed in log space."""

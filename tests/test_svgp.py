@@ -235,7 +235,7 @@ def two_moons(rng, n):
 def test_classifier_fits_and_predicts(rng):
     X, y = two_moons(rng, 400)
     Xt, yt = two_moons(rng, 400)
-    clf = SVGPClassifier(n_inducing=20, max_iter=200, random_state=0).fit(X, y)
+    clf = SVGPClassifier(n_inducing=20, max_iter=2000, random_state=0).fit(X, y)
     assert set(clf.classes_) == {"no", "yes"}
     assert clf.score(Xt, yt) > 0.93
     P = clf.predict_proba(Xt)
@@ -260,7 +260,7 @@ def test_regressor_recovers_function(rng):
     X = rng.uniform(-3, 3, (300, 1))
     f = np.sin(2 * X[:, 0])
     y = f + 0.1 * rng.standard_normal(300)
-    reg = SVGPRegressor(n_inducing=15, max_iter=300, random_state=0).fit(X, y)
+    reg = SVGPRegressor(n_inducing=15, max_iter=2000, random_state=0).fit(X, y)
     Xs = np.linspace(-2.5, 2.5, 50)[:, None]
     mean, std = reg.predict(Xs, return_std=True)
     assert np.abs(mean - np.sin(2 * Xs[:, 0])).max() < 0.15
@@ -268,6 +268,7 @@ def test_regressor_recovers_function(rng):
     assert np.all(std > 0.05)
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_pickle_round_trip_predicts_identically(rng):
     X, y = two_moons(rng, 200)
     clf = SVGPClassifier(n_inducing=10, max_iter=50, random_state=0).fit(X, y)
@@ -275,6 +276,7 @@ def test_pickle_round_trip_predicts_identically(rng):
     np.testing.assert_array_equal(clone.predict_proba(X), clf.predict_proba(X))
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_random_state_reproducible(rng):
     X, y = two_moons(rng, 300)
     a = SVGPClassifier(n_inducing=10, max_iter=40, random_state=3).fit(X, y)
@@ -305,6 +307,7 @@ def test_callback_can_stop_and_verbose_prints(rng, capsys):
         (np.ones((0, 2)), np.array([]), "0 sample"),
     ],
 )
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_classifier_bad_input(X, y, match):
     with pytest.raises(ValueError, match=match):
         SVGPClassifier(max_iter=5).fit(X, y)
@@ -315,6 +318,7 @@ def test_classifier_bad_input(X, y, match):
     [{"optimizer": "sgd"}, {"n_inducing": 0}, {"max_iter": 0}, {"batch_size": -3},
      {"learning_rate": 0.0}, {"method": "mf"}],
 )
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_bad_parameters(kwargs):
     X = np.random.default_rng(0).standard_normal((20, 2))
     y = (X[:, 0] > 0).astype(int)
@@ -322,6 +326,7 @@ def test_bad_parameters(kwargs):
         SVGPClassifier(**kwargs).fit(X, y)
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_predict_before_fit_and_wrong_width(rng):
     from sklearn.exceptions import NotFittedError
 

@@ -16,7 +16,7 @@ namespace py = pybind11;
 // The core takes float64 C-contiguous arrays without copying; anything else is refused
 // with a ValueError that says how to convert (the public Python layer converts first).
 inline void check_float64_c(const py::array& a, const char* name) {
-  if (!a.dtype().is(py::dtype::of<double>()))
+  if (!py::array_t<double>::check_(a))
     throw std::invalid_argument(std::string(name) + " must have dtype float64, got " +
                                 std::string(py::str(a.dtype())));
   if (!(a.flags() & py::array::c_style))
@@ -67,11 +67,15 @@ inline MatrixView view_of(py::array_t<double>& a) {
 
 // A 1-D int32 C-contiguous array (kernel codes).
 inline const std::int32_t* as_int32_vector(const py::array& a, const char* name) {
-  if (!a.dtype().is(py::dtype::of<std::int32_t>()))
+  if (!py::array_t<std::int32_t>::check_(a))
     throw std::invalid_argument(std::string(name) + " must have dtype int32, got " +
                                 std::string(py::str(a.dtype())));
-  if (!(a.flags() & py::array::c_style) || a.ndim() != 1)
-    throw std::invalid_argument(std::string(name) + " must be a 1-D C-contiguous array");
+  if (!(a.flags() & py::array::c_style))
+    throw std::invalid_argument(std::string(name) +
+                                " must be C-contiguous; use numpy.ascontiguousarray");
+  if (a.ndim() != 1)
+    throw std::invalid_argument(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) +
+                                "-D");
   return static_cast<const std::int32_t*>(a.data());
 }
 

@@ -12,24 +12,6 @@
 namespace pygpfast::bind {
 namespace {
 
-// The `codes` array of a kernel description: 1-D, int32, C-contiguous.
-const std::int32_t* as_codes(const py::array& a) {
-  if (!a.dtype().is(py::dtype::of<std::int32_t>()))
-    throw std::invalid_argument("codes must have dtype int32, got " +
-                                std::string(py::str(a.dtype())));
-  if (!(a.flags() & py::array::c_style))
-    throw std::invalid_argument("codes must be C-contiguous; use numpy.ascontiguousarray");
-  if (a.ndim() != 1)
-    throw std::invalid_argument("codes must be 1-D, got " + std::to_string(a.ndim()) + "-D");
-  return static_cast<const std::int32_t*>(a.data());
-}
-
-kernels::Kernel make_kernel(const py::array& codes, const py::array& params, index_t input_dim) {
-  const std::int32_t* c = as_codes(codes);
-  const double* p = as_vector(params, "params");
-  return kernels::Kernel(c, codes.shape(0), p, params.shape(0), input_dim);
-}
-
 // X2 = None means K(X, X): X2 is X and `same` is true.
 struct Pair {
   ConstMatrixView X, X2;

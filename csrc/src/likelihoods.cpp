@@ -144,9 +144,15 @@ struct NormalQuadrature {
   }
 };
 
-// For each point, E[log p(y|f)], its derivative in mu, E[d log p / df], and in var,
-// E[d^2 log p / df^2] / 2 (Bonnet's and Price's theorems), under N(f | mu, var), all with the
-// same rule.
+// Below this variance the var-derivative uses Price's form (see expected_log_densities).
+constexpr double kPriceVariance = 1e-10;
+
+// For each point, the quadrature approximation V(mu, var) = sum_k w_k log p(y | mu + sqrt(2 var) x_k)
+// of E[log p(y|f)] under N(f | mu, var), and its exact derivatives: dV/dmu = sum_k w_k d1(f_k)
+// and dV/dvar = sum_k w_k x_k d1(f_k) / sqrt(2 var). These are the gradients of the value that is
+// returned, so optimisers see a consistent objective (Price's E[d2]/2 differs from them by the
+// quadrature error). For var < kPriceVariance, where the division would amplify rounding,
+// dV/dvar takes Price's form sum_k w_k d2(f_k) / 2, equal to it to O(var).
 template <LogDensity (*log_density)(double y, double f)>
 void expected_log_densities(const Likelihood& lik, const double* y, const double* mu,
                             const double* var, index_t n, double* value, double* dmu,
@@ -154,16 +160,17 @@ void expected_log_densities(const Likelihood& lik, const double* y, const double
   const NormalQuadrature q(lik.n_gh);
   for_each_point(n, q.size(), [&](index_t i) {
     const double scale = std::sqrt(2.0 * var[i]);
-    double e = 0.0, g = 0.0, h = 0.0;
+    double e = 0.0, g = 0.0, gx = 0.0, h = 0.0;
     for (int k = 0; k < q.size(); ++k) {
       const LogDensity t = log_density(y[i], mu[i] + scale * q.x[k]);
       e += q.w[k] * t.value;
       g += q.w[k] * t.d1;
+      gx += q.w[k] * q.x[k] * t.d1;
       h += q.w[k] * t.d2;
     }
     value[i] = e;
     dmu[i] = g;
-    dvar[i] = 0.5 * h;
+    dvar[i] = var[i] >= kPriceVariance ? gx / scale : 0.5 * h;
   });
 }
 
