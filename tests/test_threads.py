@@ -32,13 +32,14 @@ def test_bad_thread_count(bad):
         pygpfast.set_num_threads(bad)
 
 
-def test_default_honours_omp_num_threads():
+def test_default_honours_omp_num_threads(tmp_path):
     if not pygpfast._core.openmp_enabled():
         pytest.skip("core built without OpenMP")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(
         [sys.executable, "-c", "import pygpfast; print(pygpfast.get_num_threads())"],
         env=env,
+        cwd=tmp_path,  # import the installed package, not the source tree
         capture_output=True,
         text=True,
         check=True,

@@ -1,0 +1,76 @@
+"""Type stubs for pygpfast._core, the compiled core (private; use the public API).
+
+Arrays are float64 C-contiguous unless stated; kernel ``codes`` are int32. Shapes follow
+GPflow's glossary: X [N, D], X2 [M, D], Z [M, D].
+"""
+
+import numpy as np
+from numpy.typing import NDArray
+
+F64 = NDArray[np.float64]
+
+blas_source: str
+
+# threads
+def get_num_threads() -> int: ...
+def set_num_threads(n: int) -> None: ...
+def openmp_enabled() -> bool: ...
+
+# BLAS table and linear algebra
+def blas_gemm(A: F64, B: F64, trans_a: bool = False, trans_b: bool = False) -> F64: ...
+def cholesky(
+    A: F64, initial_relative_jitter: float = 1e-10, max_relative_jitter: float = 1e-4
+) -> tuple[F64, float]: ...
+def solve_lower(L: F64, B: F64, transpose: bool = False) -> F64: ...
+def cholesky_update(L: F64, x: F64) -> F64: ...
+def cholesky_downdate(L: F64, x: F64) -> F64: ...
+
+# kernels
+def kernel_K(codes: NDArray[np.int32], params: F64, X: F64, X2: F64 | None) -> F64: ...
+def kernel_Kdiag(codes: NDArray[np.int32], params: F64, X: F64) -> F64: ...
+def kernel_K_vjp(
+    codes: NDArray[np.int32],
+    params: F64,
+    X: F64,
+    X2: F64 | None,
+    G: F64,
+    want_dX: bool = False,
+    want_dX2: bool = False,
+) -> tuple[F64, F64 | None, F64 | None]: ...
+def kernel_Kdiag_vjp(codes: NDArray[np.int32], params: F64, X: F64, g: F64) -> F64: ...
+
+# quadrature and likelihoods (kind: 0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson)
+def gauss_hermite(n: int) -> tuple[F64, F64]: ...
+def variational_expectations(
+    kind: int, variance: float, n_gh: int, y: F64, mu: F64, var: F64
+) -> tuple[F64, F64, F64, F64]: ...
+def predict_mean_and_var(kind: int, variance: float, n_gh: int, mu: F64, var: F64) -> tuple[F64, F64]: ...
+def predict_log_density(kind: int, variance: float, n_gh: int, y: F64, mu: F64, var: F64) -> F64: ...
+
+# SVGP
+def svgp_elbo(
+    codes: NDArray[np.int32],
+    params: F64,
+    lik_kind: int,
+    lik_variance: float,
+    n_gh: int,
+    Z: F64,
+    q_mu: F64,
+    q_sqrt: F64,
+    whiten: bool,
+    X: F64,
+    y: F64,
+    scale: float,
+    jitter: float,
+    with_grad: bool,
+) -> tuple[float, float, float, float, tuple[F64, F64, F64, F64, float] | None]: ...
+def svgp_predict_f(
+    codes: NDArray[np.int32],
+    params: F64,
+    Z: F64,
+    q_mu: F64,
+    q_sqrt: F64,
+    whiten: bool,
+    Xnew: F64,
+    jitter: float,
+) -> tuple[F64, F64, float]: ...
