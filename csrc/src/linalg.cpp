@@ -20,8 +20,9 @@ CholeskyResult cholesky_jitter(MatrixView A, double initial_relative_jitter,
   double mean_diag = 0.0;
   for (index_t i = 0; i < n; ++i) {
     for (index_t j = 0; j <= i; ++j)
-      require(std::isfinite(A(i, j)), "cholesky: matrix has a non-finite entry at (" +
-                                          std::to_string(i) + ", " + std::to_string(j) + ")");
+      if (!std::isfinite(A(i, j)))  // (the message is built only on failure)
+        throw std::invalid_argument("cholesky: matrix has a non-finite entry at (" +
+                                    std::to_string(i) + ", " + std::to_string(j) + ")");
     mean_diag += A(i, i);
   }
   mean_diag /= static_cast<double>(n);

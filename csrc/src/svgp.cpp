@@ -30,8 +30,9 @@ void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatr
                                   std::to_string(q.Z.cols));
   require(q.q_sqrt.rows == M && q.q_sqrt.cols == M, "svgp: q_sqrt must be [M, M]");
   for (index_t i = 0; i < M; ++i)
-    require(q.q_sqrt(i, i) != 0.0, "svgp: q_sqrt has a zero on its diagonal (row " +
-                                       std::to_string(i) + "); S = L L^T must be positive definite");
+    if (q.q_sqrt(i, i) == 0.0)
+      throw std::invalid_argument("svgp: q_sqrt has a zero on its diagonal (row " + std::to_string(i) +
+                                  "); S = L L^T must be positive definite");
 }
 
 // Lz with Lz Lz^T = K(Z, Z) + jitter I. Returns the extra jitter escalation needed.
