@@ -35,11 +35,13 @@ def test_bad_thread_count(bad):
 def test_default_honours_omp_num_threads(tmp_path):
     if not pygpfast._core.openmp_enabled():
         pytest.skip("core built without OpenMP")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # Import the same pygpfast as this test session (installed or built in place).
+    package_root = os.path.dirname(os.path.dirname(pygpfast.__file__))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=package_root)
     out = subprocess.run(
         [sys.executable, "-c", "import pygpfast; print(pygpfast.get_num_threads())"],
         env=env,
-        cwd=tmp_path,  # import the installed package, not the source tree
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         check=True,
