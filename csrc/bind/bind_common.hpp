@@ -7,6 +7,7 @@
 #include <string>
 
 #include "pygpfast/kernels.hpp"
+#include "pygpfast/likelihoods.hpp"
 #include "pygpfast/view.hpp"
 
 namespace pygpfast::bind {
@@ -84,6 +85,16 @@ inline kernels::Kernel make_kernel(const py::array& codes, const py::array& para
   const std::int32_t* c = as_int32_vector(codes, "codes");
   const double* p = as_vector(params, "params");
   return kernels::Kernel(c, codes.shape(0), p, params.shape(0), input_dim);
+}
+
+// The core likelihood for (kind, variance, n_gh), validated (std::invalid_argument).
+inline likelihoods::Likelihood make_likelihood(int kind, double variance, int n_gh) {
+  likelihoods::Likelihood lik;
+  lik.type = static_cast<likelihoods::LikelihoodType>(kind);
+  lik.variance = variance;
+  lik.n_gh = n_gh;
+  likelihoods::validate(lik);
+  return lik;
 }
 
 // Registration functions, one per area (each in its own bind_<area>.cpp).

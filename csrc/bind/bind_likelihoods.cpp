@@ -1,19 +1,7 @@
 #include "bind_common.hpp"
-#include "pygpfast/likelihoods.hpp"
 #include "pygpfast/quadrature.hpp"
 
 namespace pygpfast::bind {
-namespace {
-
-likelihoods::Likelihood make_likelihood(int kind, double variance, int n_gh) {
-  likelihoods::Likelihood lik;
-  lik.type = static_cast<likelihoods::LikelihoodType>(kind);
-  lik.variance = variance;
-  lik.n_gh = n_gh;
-  return lik;
-}
-
-}  // namespace
 
 void bind_likelihoods(py::module_& m) {
   m.def(

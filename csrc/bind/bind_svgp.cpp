@@ -5,15 +5,6 @@ namespace pygpfast::bind {
 
 namespace {
 
-likelihoods::Likelihood make_likelihood(int kind, double variance, int n_gh) {
-  likelihoods::Likelihood lik;
-  lik.type = static_cast<likelihoods::LikelihoodType>(kind);
-  lik.variance = variance;
-  lik.n_gh = n_gh;
-  likelihoods::validate(lik);
-  return lik;
-}
-
 svgp::Variational make_variational(const py::array& Z, const py::array& q_mu, const py::array& q_sqrt,
                                    bool whiten) {
   svgp::Variational q;
