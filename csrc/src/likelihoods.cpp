@@ -258,6 +258,10 @@ void validate(const Likelihood& lik) {
               std::to_string(quadrature::kMaxGaussHermitePoints) + ", got " + std::to_string(lik.n_gh));
 }
 
+index_t latent_dim(const Likelihood& lik) {
+  return lik.num_classes > 0 ? static_cast<index_t>(lik.num_classes) : 1;
+}
+
 void variational_expectations(const Likelihood& lik, const double* y, const double* mu,
                               const double* var, index_t n, double* f, double* dmu, double* dvar,
                               double* dparam) {

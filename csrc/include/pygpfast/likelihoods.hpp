@@ -20,7 +20,12 @@ struct Likelihood {
   LikelihoodType type = LikelihoodType::Gaussian;
   double variance = 1.0;  // Gaussian noise variance (ignored by the others)
   int n_gh = 20;          // Gauss-Hermite points for the non-closed-form expectations
+  int num_classes = 0;    // number of classes C of multi-class likelihoods (0 for the others)
 };
+
+// Number of latent functions per data point: 1 for the scalar likelihoods above, C for
+// multi-class ones. Per-point latent arrays (mu, var, dmu, dvar) are [n, latent_dim] row-major.
+index_t latent_dim(const Likelihood& lik);
 
 // Validates a likelihood description (throws std::invalid_argument).
 void validate(const Likelihood& lik);
