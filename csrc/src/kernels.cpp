@@ -11,6 +11,7 @@
 #include "pygpfast/blas.hpp"
 #include "pygpfast/errors.hpp"
 #include "pygpfast/threads.hpp"
+#include "pygpfast/vmath.hpp"
 
 namespace pygpfast::kernels {
 namespace {
@@ -164,14 +165,14 @@ std::vector<double> per_dimension(const double* values, index_t k, index_t D) {
 
 // ---- stationary kernels: k = variance * f(r^2), r^2 = sum_d (x_d - x2_d)^2 / l_d^2 ----
 
-// f and df/d(r^2) of each stationary kernel, inlined into the elementwise loops.
+// f and df/d(r^2) of each stationary kernel, inlined into the elementwise loops below.
 template <KernelType T>
 struct Profile;
 
 template <>
 struct Profile<KernelType::RBF> {
   static void value_and_slope(double r2, double& f, double& df) {
-    f = std::exp(-0.5 * r2);
+    f = vmath::exp(-0.5 * r2);
     df = -0.5 * f;
   }
 };
@@ -183,7 +184,7 @@ struct Profile<KernelType::Matern12> {
   // right value for the parameter gradients and the symmetric subgradient for X.
   static void value_and_slope(double r2, double& f, double& df) {
     const double r = std::sqrt(r2);
-    f = std::exp(-r);
+    f = vmath::exp(-r);
     df = r > 0.0 ? -0.5 * f / r : 0.0;
   }
 };
@@ -192,7 +193,7 @@ template <>
 struct Profile<KernelType::Matern32> {
   static void value_and_slope(double r2, double& f, double& df) {
     constexpr double kSqrt3 = 1.7320508075688772;
-    const double r = std::sqrt(r2), e = std::exp(-kSqrt3 * r);
+    const double r = std::sqrt(r2), e = vmath::exp(-kSqrt3 * r);
     f = (1.0 + kSqrt3 * r) * e;
     df = -1.5 * e;
   }
@@ -202,18 +203,77 @@ template <>
 struct Profile<KernelType::Matern52> {
   static void value_and_slope(double r2, double& f, double& df) {
     constexpr double kSqrt5 = 2.23606797749979;
-    const double r = std::sqrt(r2), e = std::exp(-kSqrt5 * r);
+    const double r = std::sqrt(r2), e = vmath::exp(-kSqrt5 * r);
     f = (1.0 + kSqrt5 * r + (5.0 / 3.0) * r2) * e;
     df = -(5.0 / 6.0) * (1.0 + kSqrt5 * r) * e;
   }
 };
 
-// f alone (the slope is dead code once inlined).
+// One row of a stationary kernel matrix. On entry o[j] = -2 a_i.b_j (from the GEMM); then
+// r^2_ij = max(0, o[j] + |a_i|^2 + |b_j|^2), except r^2 = 0 exactly at j = diag (the
+// diagonal of K(X, X); diag < 0 when there is none). Rounding can make r^2 slightly
+// negative, hence the clamp.
 template <KernelType T>
-double profile_value(double r2) {
-  double f, df;
-  Profile<T>::value_and_slope(r2, f, df);
-  return f;
+inline void profile_row(double* o, const double* b_norms, double a_norm, index_t diag, double variance,
+                        index_t n) {
+#pragma omp simd
+  for (index_t j = 0; j < n; ++j) {
+    const double s = o[j] + (a_norm + b_norms[j]);
+    const double r2 = (j == diag || s < 0.0) ? 0.0 : s;
+    double f, df;
+    Profile<T>::value_and_slope(r2, f, df);
+    o[j] = variance * f;
+  }
+}
+
+// The same row for the vector-Jacobian product: w[j] <- g[j] variance df/d(r^2), and the
+// row sums of g o f, w and w o r^2 in sums[0..2].
+template <KernelType T>
+inline void profile_vjp_row(double* w, const double* g, const double* b_norms, double a_norm, index_t diag,
+                            double variance, index_t n, double* sums) {
+  double gf = 0.0, sw = 0.0, swr2 = 0.0;
+#pragma omp simd reduction(+ : gf, sw, swr2)
+  for (index_t j = 0; j < n; ++j) {
+    const double s = w[j] + (a_norm + b_norms[j]);
+    const double r2 = (j == diag || s < 0.0) ? 0.0 : s;
+    double f, df;
+    Profile<T>::value_and_slope(r2, f, df);
+    const double wij = g[j] * variance * df;
+    gf += g[j] * f;
+    sw += wij;
+    swr2 += wij * r2;
+    w[j] = wij;
+  }
+  sums[0] = gf;
+  sums[1] = sw;
+  sums[2] = swr2;
+}
+
+// Non-template entry points, compiled once per SIMD level (vmath.hpp).
+PYGPFAST_SIMD_CLONES void stationary_row(KernelType type, double* o, const double* b_norms, double a_norm,
+                                         index_t diag, double variance, index_t n) {
+  switch (type) {
+    case KernelType::RBF: return profile_row<KernelType::RBF>(o, b_norms, a_norm, diag, variance, n);
+    case KernelType::Matern12:
+      return profile_row<KernelType::Matern12>(o, b_norms, a_norm, diag, variance, n);
+    case KernelType::Matern32:
+      return profile_row<KernelType::Matern32>(o, b_norms, a_norm, diag, variance, n);
+    default: return profile_row<KernelType::Matern52>(o, b_norms, a_norm, diag, variance, n);
+  }
+}
+
+PYGPFAST_SIMD_CLONES void stationary_vjp_row(KernelType type, double* w, const double* g,
+                                             const double* b_norms, double a_norm, index_t diag,
+                                             double variance, index_t n, double* sums) {
+  switch (type) {
+    case KernelType::RBF:
+      return profile_vjp_row<KernelType::RBF>(w, g, b_norms, a_norm, diag, variance, n, sums);
+    case KernelType::Matern12:
+      return profile_vjp_row<KernelType::Matern12>(w, g, b_norms, a_norm, diag, variance, n, sums);
+    case KernelType::Matern32:
+      return profile_vjp_row<KernelType::Matern32>(w, g, b_norms, a_norm, diag, variance, n, sums);
+    default: return profile_vjp_row<KernelType::Matern52>(w, g, b_norms, a_norm, diag, variance, n, sums);
+  }
 }
 
 // Scaled inputs a = (X - c) / l, b = (X2 - c) / l and their squared norms, from which
@@ -229,13 +289,6 @@ struct ScaledPair {
         b(in.same ? a : ConstMatrixView(b_buf.view())),
         a_norms(row_squared_norms(a)),
         b_norms(in.same ? a_norms : row_squared_norms(b)) {}
-
-  // r^2 from the entry s = -2 a_i.b_j of the cross product. Rounding can make it slightly
-  // negative (clamped); the diagonal of K(X, X) is exactly 0.
-  double r2(double s, index_t i, index_t j, bool same) const {
-    if (same && i == j) return 0.0;
-    return std::max(0.0, s + (a_norms[i] + b_norms[j]));
-  }
 
   std::vector<double> shift;
   Matrix a_buf, b_buf;  // b_buf is empty when `same` (b is a)
@@ -259,9 +312,7 @@ class Stationary final : public Node {
     const ScaledPair s(in, inv_lengthscale_);
     cross_product(s.a, s.b, in.same, -2.0, out);
     for_each_row(out.rows, out.cols, in.same, [&](index_t i, index_t end) noexcept {
-      double* o = out.row(i);
-      for (index_t j = 0; j < end; ++j)
-        o[j] = variance_ * profile_value<T>(s.r2(o[j], i, j, in.same));
+      stationary_row(T, out.row(i), s.b_norms.data(), s.a_norms[i], in.same ? i : -1, variance_, end);
     });
     if (in.same) mirror_lower(out);
   }
@@ -288,22 +339,12 @@ class Stationary final : public Node {
     // Per-row partial sums of G o f (variance), W (R) and W o r^2 (isotropic lengthscale).
     std::vector<double> row_gf(N), row_w(N), row_wr2(N);
     for_each_row(N, M, false, [&](index_t i, index_t end) noexcept {
-      const double* g = G.row(i);
-      double* w = W.row(i);
-      double gf = 0.0, sw = 0.0, swr2 = 0.0;
-      for (index_t j = 0; j < end; ++j) {
-        const double r2 = s.r2(w[j], i, j, in.same);
-        double f, df;
-        Profile<T>::value_and_slope(r2, f, df);
-        const double wij = g[j] * variance_ * df;
-        gf += g[j] * f;
-        sw += wij;
-        swr2 += wij * r2;
-        w[j] = wij;
-      }
-      row_gf[i] = gf;
-      row_w[i] = sw;
-      row_wr2[i] = swr2;
+      double sums[3];
+      stationary_vjp_row(T, W.row(i), G.row(i), s.b_norms.data(), s.a_norms[i], in.same ? i : -1, variance_,
+                         end, sums);
+      row_gf[i] = sums[0];
+      row_w[i] = sums[1];
+      row_wr2[i] = sums[2];
     });
     dparams[offset_] += ordered_sum(row_gf);
     if (!ard_) dparams[offset_ + 1] += -2.0 * inv_lengthscale_[0] * ordered_sum(row_wr2);
