@@ -1,19 +1,47 @@
 #include "bind_common.hpp"
 #include "pygpfast/svgp.hpp"
 
+#include <vector>
+
 namespace pygpfast::bind {
 
 namespace {
 
+// q_mu [M] with q_sqrt [M, M] (one latent function), or q_mu [M, L] with q_sqrt [L, M, M].
 svgp::Variational make_variational(const py::array& Z, const py::array& q_mu, const py::array& q_sqrt,
                                    bool whiten) {
   svgp::Variational q;
   q.Z = as_matrix(Z, "Z");
-  q.q_mu = as_vector(q_mu, "q_mu", q.Z.rows);
-  q.q_sqrt = as_matrix(q_sqrt, "q_sqrt");
+  const index_t M = q.Z.rows;
+  check_float64_c(q_mu, "q_mu");
+  check_float64_c(q_sqrt, "q_sqrt");
+  const auto* mu = static_cast<const double*>(q_mu.data());
+  if (q_mu.ndim() == 1) {
+    q.q_mu = ConstMatrixView(mu, q_mu.shape(0), 1);
+    if (q_sqrt.ndim() != 2)
+      throw std::invalid_argument("q_sqrt must be [M, M] when q_mu is [M]");
+  } else if (q_mu.ndim() == 2) {
+    q.q_mu = ConstMatrixView(mu, q_mu.shape(0), q_mu.shape(1));
+    if (q_sqrt.ndim() != 3 || q_sqrt.shape(0) != q_mu.shape(1))
+      throw std::invalid_argument("q_sqrt must be [L, M, M] when q_mu is [M, L]");
+  } else {
+    throw std::invalid_argument("q_mu must be [M] or [M, L]");
+  }
+  if (q.q_mu.rows != M)
+    throw std::invalid_argument("q_mu has " + std::to_string(q.q_mu.rows) + " rows but Z has " +
+                                std::to_string(M));
+  const py::ssize_t r = q_sqrt.ndim();
+  if (q_sqrt.shape(r - 1) != M || q_sqrt.shape(r - 2) != M)
+    throw std::invalid_argument("q_sqrt must be made of [M, M] matrices with M = " + std::to_string(M));
+  q.q_sqrt = static_cast<const double*>(q_sqrt.data());
   q.whiten = whiten;
   return q;
 }
+
+// An uninitialised float64 array with the given shape.
+py::array_t<double> new_array(std::vector<py::ssize_t> shape) { return py::array_t<double>(shape); }
+
+std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.shape() + a.ndim()}; }
 
 }  // namespace
 
@@ -30,13 +58,13 @@ void bind_svgp(py::module_& m) {
         batch.X = as_matrix(X, "X");
         batch.y = as_vector(y, "y", batch.X.rows);
         batch.scale = scale;
-        const index_t M = q.Z.rows, D = q.Z.cols;
-        py::array_t<double> d_mu = new_vector(M), d_sqrt = new_matrix(M, M), d_Z = new_matrix(M, D),
-                            d_kern = new_vector(kernel.num_params());
+        const index_t M = q.Z.rows, D = q.Z.cols, L = q.num_latent();
+        py::array_t<double> d_mu = new_array(shape_of(q_mu)), d_sqrt = new_array(shape_of(q_sqrt)),
+                            d_Z = new_matrix(M, D), d_kern = new_vector(kernel.num_params());
         double d_lik = 0.0;
         svgp::Gradients g;
-        g.q_mu = d_mu.mutable_data();
-        g.q_sqrt = view_of(d_sqrt);
+        g.q_mu = MatrixView(d_mu.mutable_data(), M, L);
+        g.q_sqrt = d_sqrt.mutable_data();
         g.Z = view_of(d_Z);
         g.kernel = d_kern.mutable_data();
         g.likelihood_variance = &d_lik;
@@ -52,8 +80,9 @@ void bind_svgp(py::module_& m) {
       py::arg("codes"), py::arg("params"), py::arg("lik_kind"), py::arg("lik_variance"),
       py::arg("n_gh"), py::arg("Z"), py::arg("q_mu"), py::arg("q_sqrt"), py::arg("whiten"),
       py::arg("X"), py::arg("y"), py::arg("scale"), py::arg("jitter"), py::arg("with_grad"),
-      "SVGP ELBO on a minibatch. Returns (elbo, expected_log_lik, kl, extra_jitter, grads) with "
-      "grads = (d_q_mu [M], d_q_sqrt [M, M], d_Z [M, D], d_kernel [P], d_lik_variance) or None.");
+      "SVGP ELBO on a minibatch, for q_mu [M] and q_sqrt [M, M] (one latent function) or q_mu [M, L] "
+      "and q_sqrt [L, M, M]. Returns (elbo, expected_log_lik, kl, extra_jitter, grads) with grads = "
+      "(d_q_mu, d_q_sqrt (shaped like their inputs), d_Z [M, D], d_kernel [P], d_lik_variance) or None.");
 
   m.def(
       "svgp_predict_f",
@@ -62,17 +91,21 @@ void bind_svgp(py::module_& m) {
         const kernels::Kernel kernel = make_kernel(codes, params, as_matrix(Z, "Z").cols);
         const auto q = make_variational(Z, q_mu, q_sqrt, whiten);
         const auto Xv = as_matrix(Xnew, "Xnew");
-        py::array_t<double> mean = new_vector(Xv.rows), var = new_vector(Xv.rows);
+        const index_t L = q.num_latent();
+        std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(Xv.rows)};
+        if (q_mu.ndim() == 2) shape.push_back(static_cast<py::ssize_t>(L));
+        py::array_t<double> mean = new_array(shape), var = new_array(shape);
         double extra = 0.0;
         {
           py::gil_scoped_release release;
-          extra = svgp::predict_f(kernel, q, Xv, jitter, mean.mutable_data(), var.mutable_data());
+          extra = svgp::predict_f(kernel, q, Xv, jitter, MatrixView(mean.mutable_data(), Xv.rows, L),
+                                  MatrixView(var.mutable_data(), Xv.rows, L));
         }
         return py::make_tuple(mean, var, extra);
       },
       py::arg("codes"), py::arg("params"), py::arg("Z"), py::arg("q_mu"), py::arg("q_sqrt"),
       py::arg("whiten"), py::arg("Xnew"), py::arg("jitter"),
-      "Marginals of q(f) at Xnew: (mean [T], var [T], extra_jitter).");
+      "Marginals of q(f) at Xnew: (mean, var, extra_jitter), [T] or [T, L] like q_mu's columns.");
 }
 
 }  // namespace pygpfast::bind

@@ -214,7 +214,7 @@ struct Profile<KernelType::Matern52> {
 // diagonal of K(X, X); diag < 0 when there is none). Rounding can make r^2 slightly
 // negative, hence the clamp.
 template <KernelType T>
-inline void profile_row(double* o, const double* b_norms, double a_norm, index_t diag, double variance,
+[[gnu::always_inline]] inline void profile_row(double* o, const double* b_norms, double a_norm, index_t diag, double variance,
                         index_t n) {
 #pragma omp simd
   for (index_t j = 0; j < n; ++j) {
@@ -229,7 +229,7 @@ inline void profile_row(double* o, const double* b_norms, double a_norm, index_t
 // The same row for the vector-Jacobian product: w[j] <- g[j] variance df/d(r^2), and the
 // row sums of g o f, w and w o r^2 in sums[0..2].
 template <KernelType T>
-inline void profile_vjp_row(double* w, const double* g, const double* b_norms, double a_norm, index_t diag,
+[[gnu::always_inline]] inline void profile_vjp_row(double* w, const double* g, const double* b_norms, double a_norm, index_t diag,
                             double variance, index_t n, double* sums) {
   double gf = 0.0, sw = 0.0, swr2 = 0.0;
 #pragma omp simd reduction(+ : gf, sw, swr2)
@@ -249,7 +249,8 @@ inline void profile_vjp_row(double* w, const double* g, const double* b_norms, d
   sums[2] = swr2;
 }
 
-// Non-template entry points, compiled once per SIMD level (vmath.hpp).
+// Non-template entry points, compiled once per SIMD level (vmath.hpp); the rows above are
+// forced inline so that each clone vectorises them for its own instruction set.
 PYGPFAST_SIMD_CLONES void stationary_row(KernelType type, double* o, const double* b_norms, double a_norm,
                                          index_t diag, double variance, index_t n) {
   switch (type) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,19 +21,33 @@ using blas::Uplo;
 
 using Buffer = std::vector<double>;
 
+// Uninitialised scratch: large [M, B] blocks are written in full before they are read, so
+// they skip std::vector's zero-fill pass.
+class Scratch {
+ public:
+  explicit Scratch(index_t n) : p_(new double[static_cast<std::size_t>(std::max<index_t>(n, 1))]) {}
+  double* data() const { return p_.get(); }
+
+ private:
+  std::unique_ptr<double[]> p_;
+};
+
 void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatrixView X) {
-  const index_t M = q.Z.rows;
+  const index_t M = q.Z.rows, L = q.num_latent();
   require(M >= 1, "svgp: need at least one inducing point");
+  require(L >= 1, "svgp: need at least one latent function (q_mu has no columns)");
   require(q.Z.cols == kernel.input_dim(), "svgp: Z has " + std::to_string(q.Z.cols) +
                                               " columns but the kernel expects " +
                                               std::to_string(kernel.input_dim()));
   require(X.cols == q.Z.cols, "svgp: X has " + std::to_string(X.cols) + " columns but Z has " +
                                   std::to_string(q.Z.cols));
-  require(q.q_sqrt.rows == M && q.q_sqrt.cols == M, "svgp: q_sqrt must be [M, M]");
-  for (index_t i = 0; i < M; ++i)
-    if (q.q_sqrt(i, i) == 0.0)
-      throw std::invalid_argument("svgp: q_sqrt has a zero on its diagonal (row " + std::to_string(i) +
-                                  "); S = L L^T must be positive definite");
+  require(q.q_mu.rows == M, "svgp: q_mu must have M = " + std::to_string(M) + " rows");
+  require(q.q_sqrt != nullptr, "svgp: q_sqrt is missing");
+  for (index_t l = 0; l < L; ++l)
+    for (index_t i = 0; i < M; ++i)
+      if (q.q_sqrt[(l * M + i) * M + i] == 0.0)
+        throw std::invalid_argument("svgp: q_sqrt[" + std::to_string(l) + "] has a zero on its diagonal (row " +
+                                    std::to_string(i) + "); S = L L^T must be positive definite");
 }
 
 // Lz with Lz Lz^T = K(Z, Z) + jitter I. Returns the extra jitter escalation needed.
@@ -46,29 +61,48 @@ double inducing_cholesky(const kernels::Kernel& kernel, ConstMatrixView Z, doubl
   return linalg::cholesky_jitter(L).jitter;
 }
 
-// Whitened parameters: (m_w, L_w) = (m, tril L) when whitened, else (Lz^-1 m, Lz^-1 tril L).
+// Whitened parameters: mw [M, L] and Lw [L, M, M] are (q_mu, tril q_sqrt) when whitened, else
+// (Lz^-1 q_mu, Lz^-1 tril q_sqrt).
 void whitened_parameters(const Variational& q, ConstMatrixView Lz, Buffer& mw, Buffer& Lw) {
-  const index_t M = q.Z.rows;
-  mw.assign(q.q_mu, q.q_mu + M);
-  Lw.assign(static_cast<std::size_t>(M * M), 0.0);
+  const index_t M = q.Z.rows, L = q.num_latent();
+  mw.resize(static_cast<std::size_t>(M * L));
   for (index_t i = 0; i < M; ++i)
-    for (index_t j = 0; j <= i; ++j) Lw[i * M + j] = q.q_sqrt(i, j);
+    for (index_t l = 0; l < L; ++l) mw[i * L + l] = q.q_mu(i, l);
+  Lw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+  for (index_t l = 0; l < L; ++l)
+    for (index_t i = 0; i < M; ++i)
+      for (index_t j = 0; j <= i; ++j) Lw[(l * M + i) * M + j] = q.q_sqrt[(l * M + i) * M + j];
   if (!q.whiten) {
-    blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, Lz, mw.data());
-    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Lz, MatrixView(Lw.data(), M, M));
+    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Lz, MatrixView(mw.data(), M, L));
+    for (index_t l = 0; l < L; ++l)
+      blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Lz,
+                 MatrixView(Lw.data() + l * M * M, M, M));
   }
 }
 
-// var[n] = kdiag[n] - sum_m A[m, n]^2 + sum_m T[m, n]^2, clamped at 0 against rounding.
-void marginal_variances(ConstMatrixView A, ConstMatrixView T, const double* kdiag, double* var) {
-  const index_t M = A.rows, B = A.cols;
-  std::copy(kdiag, kdiag + B, var);
-  for (index_t m = 0; m < M; ++m) {
+// out[n] = sum_m A[m, n]^2 (column sums of squares of an [M, B] block), row by row so the
+// inner loop runs over contiguous memory.
+void column_sums_of_squares(ConstMatrixView A, double* out) {
+  std::fill(out, out + A.cols, 0.0);
+  for (index_t m = 0; m < A.rows; ++m) {
     const double* a = A.row(m);
-    const double* t = T.row(m);
-    for (index_t n = 0; n < B; ++n) var[n] += t[n] * t[n] - a[n] * a[n];
+#pragma omp simd
+    for (index_t n = 0; n < A.cols; ++n) out[n] += a[n] * a[n];
   }
-  for (index_t n = 0; n < B; ++n) var[n] = std::max(var[n], 0.0);
+}
+
+// The lower triangle (with the diagonal) of C = alpha X Y^T for X, Y [M, K], in row blocks
+// so that the GEMMs skip all but ~M nb / 2 of the M^2 / 2 entries above the diagonal; the
+// strict upper triangle is set to 0.
+void gemm_nt_lower(double alpha, ConstMatrixView X, ConstMatrixView Y, MatrixView C) {
+  const index_t M = X.rows;
+  const index_t nb = std::max<index_t>(32, (M + 7) / 8);
+  for (index_t i0 = 0; i0 < M; i0 += nb) {
+    const index_t rows = std::min(nb, M - i0), cols = i0 + rows;
+    blas::gemm(Trans::No, Trans::Yes, alpha, ConstMatrixView(X.row(i0), rows, X.cols, X.ld),
+               ConstMatrixView(Y.data, cols, Y.cols, Y.ld), 0.0, MatrixView(C.row(i0), rows, cols, C.ld));
+  }
+  for (index_t i = 0; i < M; ++i) std::fill(C.row(i) + i + 1, C.row(i) + M, 0.0);
 }
 
 // Reverse mode of the Cholesky factorisation (Murray 2016): given Lbar = dE/dL (lower),
@@ -112,7 +146,10 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   require(std::isfinite(batch.scale) && batch.scale > 0, "svgp: scale (N/B) must be positive");
   require(jitter >= 0 && std::isfinite(jitter), "svgp: jitter must be >= 0");
   likelihoods::validate(lik);
-  const index_t M = q.Z.rows, B = batch.X.rows, D = q.Z.cols;
+  const index_t M = q.Z.rows, B = batch.X.rows, D = q.Z.cols, L = q.num_latent();
+  require(likelihoods::latent_dim(lik) == L,
+          "svgp: the likelihood needs " + std::to_string(likelihoods::latent_dim(lik)) +
+              " latent functions but q_mu has " + std::to_string(L) + " columns");
   Result res;
 
   Buffer Lz;
@@ -120,98 +157,132 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   ConstMatrixView LzV(Lz.data(), M, M);
 
   // A = Lz^-1 K(Z, X)  [M, B];  kdiag = diag K(X, X)  [B]
-  Buffer A(static_cast<std::size_t>(M * B)), kdiag(B);
+  Scratch A(M * B);
   MatrixView AV(A.data(), M, B);
+  Buffer kdiag(B);
   kernel.K(q.Z, batch.X, false, AV);
   kernel.Kdiag(batch.X, kdiag.data());
   blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, AV);
 
   Buffer mw, Lw;
   whitened_parameters(q, LzV, mw, Lw);
-  ConstMatrixView LwV(Lw.data(), M, M);
+  ConstMatrixView mwV(mw.data(), M, L);
+  auto Lw_of = [&](index_t l) { return MatrixView(Lw.data() + l * M * M, M, M); };
 
-  // Marginals: mu = A^T m_w, var = kdiag - |A_n|^2 + |L_w^T A_n|^2.
-  Buffer mu(B), var(B), T(A);
-  MatrixView TV(T.data(), M, B);
-  blas::gemv(Trans::Yes, 1.0, AV, mw.data(), 0.0, mu.data());
-  blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LwV, TV);
-  marginal_variances(AV, TV, kdiag.data(), var.data());
+  // Marginals: mu = A^T m_w [B, L];  var[:, l] = kdiag - |A_n|^2 + |T_l[:, n]|^2, T_l = L_l^T A.
+  Buffer mu(static_cast<std::size_t>(B * L)), var(static_cast<std::size_t>(B * L));
+  blas::gemm(Trans::Yes, Trans::No, 1.0, AV, mwV, 0.0, MatrixView(mu.data(), B, L));
+  Buffer a2(B), t2(B);
+  column_sums_of_squares(AV, a2.data());
+  Scratch T(L * M * B);
+  auto T_of = [&](index_t l) { return MatrixView(T.data() + l * M * B, M, B); };
+  for (index_t l = 0; l < L; ++l) {
+    const MatrixView Tl = T_of(l);
+    std::copy(A.data(), A.data() + M * B, Tl.data);
+    blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Lw_of(l), Tl);
+    column_sums_of_squares(Tl, t2.data());
+    for (index_t n = 0; n < B; ++n) var[n * L + l] = std::max(kdiag[n] - a2[n] + t2[n], 0.0);
+  }
 
-  Buffer f(B), gmu(B), gvar(B), gpar(B);
+  Buffer f(B), gmu(static_cast<std::size_t>(B * L)), gvar(static_cast<std::size_t>(B * L)), gpar(B);
   likelihoods::variational_expectations(lik, batch.y, mu.data(), var.data(), B, f.data(), gmu.data(),
                                         gvar.data(), gpar.data());
   res.expected_log_lik = batch.scale * fixed_order_sum(f.data(), B);
 
-  double trace = 0.0, logdet = 0.0;
-  for (index_t i = 0; i < M; ++i) {
-    for (index_t j = 0; j <= i; ++j) trace += Lw[i * M + j] * Lw[i * M + j];
-    logdet += 2.0 * std::log(std::fabs(Lw[i * M + i]));
+  double kl = 0.0;
+  for (index_t l = 0; l < L; ++l) {
+    const MatrixView Ll = Lw_of(l);
+    double trace = 0.0, logdet = 0.0, mm = 0.0;
+    for (index_t i = 0; i < M; ++i) {
+      for (index_t j = 0; j <= i; ++j) trace += Ll(i, j) * Ll(i, j);
+      logdet += 2.0 * std::log(std::fabs(Ll(i, i)));
+      mm += mw[i * L + l] * mw[i * L + l];
+    }
+    kl += 0.5 * (trace + mm - static_cast<double>(M) - logdet);
   }
-  res.kl = 0.5 * (trace + blas::dot(M, mw.data(), mw.data()) - static_cast<double>(M) - logdet);
+  res.kl = kl;
   res.elbo = res.expected_log_lik - res.kl;
   if (grads == nullptr) return res;
 
-  for (index_t n = 0; n < B; ++n) {
-    gmu[n] *= batch.scale;
-    gvar[n] *= batch.scale;
+  for (std::size_t i = 0; i < gmu.size(); ++i) {
+    gmu[i] *= batch.scale;
+    gvar[i] *= batch.scale;
   }
+  ConstMatrixView gmuV(gmu.data(), B, L);
 
-  // d/dm_w = A gmu - m_w
-  Buffer dmw(M);
-  blas::gemv(Trans::No, 1.0, AV, gmu.data(), 0.0, dmw.data());
-  for (index_t i = 0; i < M; ++i) dmw[i] -= mw[i];
+  // d/dm_w = A gmu - m_w   [M, L]
+  Buffer dmw(static_cast<std::size_t>(M * L));
+  MatrixView dmwV(dmw.data(), M, L);
+  blas::gemm(Trans::No, Trans::No, 1.0, AV, gmuV, 0.0, dmwV);
+  for (std::size_t i = 0; i < dmw.size(); ++i) dmw[i] -= mw[i];
 
-  // Ag = A diag(gvar), Tg = T diag(gvar)
-  Buffer Ag(static_cast<std::size_t>(M * B)), Tg(static_cast<std::size_t>(M * B));
-  for (index_t m = 0; m < M; ++m)
+  // Per latent function, with Tg_l = T_l diag(gvar_l) (in place):
+  //   d/dL_l = tril(2 A Tg_l^T - L_l + diag(1 / L_l,ii)),
+  // then T_l <- 2 L_l Tg_l, and d/dA = sum_l T_l - 2 A diag(sum_l gvar_l) + m_w gmu^T, kept in T_0.
+  Buffer dLw(static_cast<std::size_t>(L * M * M)), gsum(B, 0.0), gl(B);
+  for (index_t l = 0; l < L; ++l) {
+    const MatrixView Tl = T_of(l), Ll = Lw_of(l), dLl(dLw.data() + l * M * M, M, M);
     for (index_t n = 0; n < B; ++n) {
-      Ag[m * B + n] = A[m * B + n] * gvar[n];
-      Tg[m * B + n] = T[m * B + n] * gvar[n];
+      gl[n] = gvar[n * L + l];
+      gsum[n] += gl[n];
     }
-  MatrixView AgV(Ag.data(), M, B), TgV(Tg.data(), M, B);
-
-  // d/dL_w = tril(2 A diag(gvar) T^T - L_w + diag(1 / L_w,ii))   (T^T = A^T L_w)
-  Buffer dLw(static_cast<std::size_t>(M * M));
-  MatrixView dLwV(dLw.data(), M, M);
-  blas::gemm(Trans::No, Trans::Yes, 2.0, AgV, TV, 0.0, dLwV);
-  for (index_t i = 0; i < M; ++i) {
-    for (index_t j = 0; j < i; ++j) dLwV(i, j) -= Lw[i * M + j];
-    dLwV(i, i) += 1.0 / Lw[i * M + i] - Lw[i * M + i];
-    for (index_t j = i + 1; j < M; ++j) dLwV(i, j) = 0.0;
+    for (index_t m = 0; m < M; ++m) {
+      double* t = Tl.row(m);
+#pragma omp simd
+      for (index_t n = 0; n < B; ++n) t[n] *= gl[n];
+    }
+    gemm_nt_lower(2.0, AV, Tl, dLl);
+    for (index_t i = 0; i < M; ++i) {
+      for (index_t j = 0; j < i; ++j) dLl(i, j) -= Ll(i, j);
+      dLl(i, i) += 1.0 / Ll(i, i) - Ll(i, i);
+    }
+    blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 2.0, Ll, Tl);
+    if (l > 0) blas::axpy(M * B, 1.0, Tl.data, T.data());
   }
+  const MatrixView dA = T_of(0);
+  for (index_t m = 0; m < M; ++m) {
+    double* d = dA.row(m);
+    const double* a = AV.row(m);
+#pragma omp simd
+    for (index_t n = 0; n < B; ++n) d[n] -= 2.0 * a[n] * gsum[n];
+  }
+  if (L == 1)
+    blas::ger(1.0, mw.data(), gmu.data(), dA);
+  else
+    blas::gemm(Trans::No, Trans::Yes, 1.0, mwV, gmuV, 1.0, dA);
 
-  // d/dA = m_w gmu^T + 2 (L_w T - A) diag(gvar), accumulated in Tg; then d/dKzx = Lz^-T d/dA.
-  blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 2.0, LwV, TgV);
-  for (std::size_t i = 0; i < Tg.size(); ++i) Tg[i] -= 2.0 * Ag[i];
-  blas::ger(1.0, mw.data(), gmu.data(), TgV);
-  blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, TgV);
-  MatrixView& dKzx = TgV;
-
-  // d/dLz from A = Lz^-1 Kzx: -tril(dKzx A^T)
+  // d/dKzx = Lz^-T d/dA (in place), and d/dLz from A = Lz^-1 Kzx: -tril(dKzx A^T).
+  blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, dA);
+  const MatrixView& dKzx = dA;
   Buffer dLz(static_cast<std::size_t>(M * M));
   MatrixView dLzV(dLz.data(), M, M);
-  blas::gemm(Trans::No, Trans::Yes, -1.0, dKzx, AV, 0.0, dLzV);
+  gemm_nt_lower(-1.0, dKzx, AV, dLzV);
 
   if (q.whiten) {
-    std::copy(dmw.begin(), dmw.end(), grads->q_mu);
     for (index_t i = 0; i < M; ++i)
-      for (index_t j = 0; j < M; ++j) grads->q_sqrt(i, j) = dLwV(i, j);
+      for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
+    std::copy(dLw.begin(), dLw.end(), grads->q_sqrt);
   } else {
     // m_w = Lz^-1 m:  dm = Lz^-T dm_w,  dLz -= dm m_w^T
-    std::copy(dmw.begin(), dmw.end(), grads->q_mu);
-    blas::trsv(Uplo::Lower, Trans::Yes, Diag::NonUnit, LzV, grads->q_mu);
-    blas::ger(-1.0, grads->q_mu, mw.data(), dLzV);
-    // L_w = Lz^-1 L:  W = Lz^-T tril(dL_w),  dL = tril(W),  dLz -= W L_w^T
-    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, dLwV);
-    blas::gemm(Trans::No, Trans::Yes, -1.0, dLwV, LwV, 1.0, dLzV);
+    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, dmwV);
     for (index_t i = 0; i < M; ++i)
-      for (index_t j = 0; j < M; ++j) grads->q_sqrt(i, j) = j <= i ? dLwV(i, j) : 0.0;
+      for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
+    blas::gemm(Trans::No, Trans::Yes, -1.0, dmwV, mwV, 1.0, dLzV);
+    // L_w = Lz^-1 L:  W = Lz^-T tril(dL_w),  dL = tril(W),  dLz -= W L_w^T
+    for (index_t l = 0; l < L; ++l) {
+      const MatrixView W(dLw.data() + l * M * M, M, M);
+      blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, W);
+      blas::gemm(Trans::No, Trans::Yes, -1.0, W, Lw_of(l), 1.0, dLzV);
+      double* out = grads->q_sqrt + l * M * M;
+      for (index_t i = 0; i < M; ++i)
+        for (index_t j = 0; j < M; ++j) out[i * M + j] = j <= i ? W(i, j) : 0.0;
+    }
   }
   for (index_t i = 0; i < M; ++i)
     for (index_t j = i + 1; j < M; ++j) dLzV(i, j) = 0.0;
   cholesky_reverse(LzV, dLzV);  // dLz now holds d/dKzz (symmetric)
 
-  // Kernel: through Kzx, Kzz and diag K(X).
+  // Kernel: through Kzx, Kzz and diag K(X) (which enters every latent function's variance).
   const index_t P = kernel.num_params();
   std::fill(grads->kernel, grads->kernel + P, 0.0);
   for (index_t i = 0; i < M; ++i)
@@ -222,7 +293,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   kernel.K_vjp(q.Z, q.Z, true, dLzV, grads->kernel, &dZ2V, &dZ2V);
   for (index_t i = 0; i < M; ++i)
     for (index_t d = 0; d < D; ++d) grads->Z(i, d) += dZ2[i * D + d];
-  kernel.Kdiag_vjp(batch.X, gvar.data(), grads->kernel);
+  kernel.Kdiag_vjp(batch.X, gsum.data(), grads->kernel);
 
   if (grads->likelihood_variance != nullptr)
     *grads->likelihood_variance = batch.scale * fixed_order_sum(gpar.data(), B);
@@ -230,32 +301,40 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
 }
 
 double predict_f(const kernels::Kernel& kernel, const Variational& q, ConstMatrixView Xnew,
-                 double jitter, double* mean, double* var) {
+                 double jitter, MatrixView mean, MatrixView var) {
   check_shapes(kernel, q, Xnew);
-  const index_t M = q.Z.rows, T = Xnew.rows;
+  const index_t M = q.Z.rows, T = Xnew.rows, L = q.num_latent();
+  require(mean.rows == T && mean.cols == L && var.rows == T && var.cols == L,
+          "svgp: predict_f outputs must be [T, L]");
   Buffer Lz;
   const double extra = inducing_cholesky(kernel, q.Z, jitter, Lz);
   ConstMatrixView LzV(Lz.data(), M, M);
   Buffer mw, Lw;
   whitened_parameters(q, LzV, mw, Lw);
-  ConstMatrixView LwV(Lw.data(), M, M);
   // Chunks of test points bound the memory at 2 M x chunk doubles.
   const index_t chunk = std::max<index_t>(1, std::min<index_t>(T, (1 << 22) / std::max<index_t>(M, 1)));
-  Buffer A, Tm, kdiag;
+  Buffer kdiag, a2, t2;
   for (index_t start = 0; start < T; start += chunk) {
     const index_t n = std::min(chunk, T - start);
     ConstMatrixView Xc(Xnew.row(start), n, Xnew.cols, Xnew.ld);
-    A.resize(static_cast<std::size_t>(M * n));
+    Scratch A(M * n), Tm(M * n);
     kdiag.resize(n);
-    MatrixView AV(A.data(), M, n);
+    a2.resize(n);
+    t2.resize(n);
+    MatrixView AV(A.data(), M, n), TV(Tm.data(), M, n);
     kernel.K(q.Z, Xc, false, AV);
     kernel.Kdiag(Xc, kdiag.data());
     blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, AV);
-    blas::gemv(Trans::Yes, 1.0, AV, mw.data(), 0.0, mean + start);
-    Tm = A;
-    MatrixView TV(Tm.data(), M, n);
-    blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LwV, TV);
-    marginal_variances(AV, TV, kdiag.data(), var + start);
+    blas::gemm(Trans::Yes, Trans::No, 1.0, AV, ConstMatrixView(mw.data(), M, L), 0.0,
+               MatrixView(mean.row(start), n, L, mean.ld));
+    column_sums_of_squares(AV, a2.data());
+    for (index_t l = 0; l < L; ++l) {
+      std::copy(A.data(), A.data() + M * n, Tm.data());
+      blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0,
+                 ConstMatrixView(Lw.data() + l * M * M, M, M), TV);
+      column_sums_of_squares(TV, t2.data());
+      for (index_t i = 0; i < n; ++i) var(start + i, l) = std::max(kdiag[i] - a2[i] + t2[i], 0.0);
+    }
   }
   return extra;
 }

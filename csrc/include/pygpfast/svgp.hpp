@@ -1,14 +1,19 @@
-// Sparse variational GP (Hensman, Matthews & Ghahramani 2015, seed 000, the "KL" method):
-// q(u) = N(m, S = L L^T) at M inducing inputs Z; for a minibatch of B rows of N,
-//   ELBO = (N/B) sum_n E_{q(f_n)}[log p(y_n | f_n)] - KL[q(u) || p(u)]          (eq. 21)
-// with q(f_n) the marginals of eq. (19). Whitened: u = Lz v with Kzz = Lz Lz^T and q(v) =
-// N(m, L L^T) against p(v) = N(0, I); unwhitened: q(u) = N(m, L L^T) against N(0, Kzz). The
-// unwhitened case is evaluated as the whitened one at (Lz^-1 m, Lz^-1 L), since the KL is
-// invariant under that change of variables, so both share one code path.
+// Sparse variational GP (Hensman, Matthews & Ghahramani 2015, seed 000, the "KL" method) with
+// L latent functions that share the inducing inputs Z and the kernel (L = 1 for scalar
+// likelihoods, L = C for the multi-class softmax). For latent function l,
+// q(u_l) = N(m_l, S_l = L_l L_l^T) at the M inducing inputs, and for a minibatch of B rows of N,
+//   ELBO = (N/B) sum_n E_{q(f_n)}[log p(y_n | f_n)] - sum_l KL[q(u_l) || p(u_l)]     (eq. 21)
+// with q(f_n) the product over l of the marginals of eq. (19). Whitened: u_l = Lz v_l with
+// Kzz = Lz Lz^T and q(v_l) = N(m_l, L_l L_l^T) against N(0, I); unwhitened: q(u_l) = N(m_l, L_l L_l^T)
+// against N(0, Kzz). The unwhitened case is evaluated as the whitened one at (Lz^-1 m_l,
+// Lz^-1 L_l), since the KL is invariant under that change of variables, so both share one path.
 //
-// Cost per evaluation with gradients: 8 B M^2 flops in BLAS level 3 (two TRSM, two TRMM, two
-// GEMM of 2 B M^2), O(M^3) for the Cholesky and its reverse mode, O(B M D) for the kernel,
-// and the per-point expectations.
+// Cost per evaluation with gradients, for L = 1: about 6.25 B M^2 flops in BLAS level 3:
+//   A = Lz^-1 Kzx (TRSM, B M^2), T = L^T A (TRMM, B M^2), dA = L T diag(g) (TRMM, B M^2),
+//   dKzx = Lz^-T dA (TRSM, B M^2), and the lower triangles of dL = 2 A diag(g) T^T and
+//   dLz = -dKzx A^T (blocked GEMMs that skip most of the upper triangle, 2 x ~0.56 x 2 B M^2);
+// each further latent function adds 3 B M^2 (its T, dA term and dL). Plus O(M^3) for the
+// Cholesky and its reverse mode, O(B M D) for the kernel, and the per-point expectations.
 #pragma once
 
 #include "pygpfast/kernels.hpp"
@@ -18,10 +23,11 @@
 namespace pygpfast::svgp {
 
 struct Variational {
-  ConstMatrixView Z;       // [M, D] inducing inputs
-  const double* q_mu;      // [M]
-  ConstMatrixView q_sqrt;  // [M, M], lower triangle read (the upper is ignored)
+  ConstMatrixView Z;        // [M, D] inducing inputs
+  ConstMatrixView q_mu;     // [M, L] variational means, one column per latent function
+  const double* q_sqrt = nullptr;  // [L, M, M] contiguous; lower triangles read, upper ignored
   bool whiten = true;
+  index_t num_latent() const { return q_mu.cols; }
 };
 
 struct Batch {
@@ -32,8 +38,8 @@ struct Batch {
 
 // Caller-allocated outputs (overwritten). Gradients of the ELBO (to be maximised).
 struct Gradients {
-  double* q_mu = nullptr;   // [M]
-  MatrixView q_sqrt;        // [M, M]: lower triangle, strict upper set to 0
+  MatrixView q_mu;          // [M, L]
+  double* q_sqrt = nullptr; // [L, M, M]: lower triangles, strict upper parts set to 0
   MatrixView Z;             // [M, D]
   double* kernel = nullptr; // [P] w.r.t. the kernel's positive parameters
   double* likelihood_variance = nullptr;  // scalar; Gaussian noise variance (0 for others)
@@ -47,13 +53,14 @@ struct Result {
 };
 
 // Evaluate the ELBO, and its gradients when `grads` is not null. `jitter` is added to the
-// diagonal of Kzz (absolute, as in GPflow's default 1e-6).
+// diagonal of Kzz (absolute, as in GPflow's default 1e-6). The likelihood's latent_dim must
+// equal q.num_latent().
 Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, const Variational& q,
             const Batch& batch, double jitter, Gradients* grads);
 
-// Marginals of q(f) at new inputs: mean [T], var [T] (var includes no likelihood noise).
+// Marginals of q(f) at new inputs: mean [T, L], var [T, L] (no likelihood noise).
 // Returns the extra jitter the Cholesky of Kzz needed.
 double predict_f(const kernels::Kernel& kernel, const Variational& q, ConstMatrixView Xnew,
-                 double jitter, double* mean, double* var);
+                 double jitter, MatrixView mean, MatrixView var);
 
 }  // namespace pygpfast::svgp
