@@ -10,6 +10,7 @@
 #include "pygpfast/errors.hpp"
 #include "pygpfast/quadrature.hpp"
 #include "pygpfast/threads.hpp"
+#include "pygpfast/vmath.hpp"
 
 namespace pygpfast::likelihoods {
 namespace {
@@ -19,11 +20,6 @@ constexpr double kLog2Pi = 1.83787706640934548356;      // log(2 pi)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 constexpr double kInvSqrt2 = 0.70710678118654752440;    // 1 / sqrt(2)
 constexpr double kInvSqrtPi = 0.56418958354775628695;   // 1 / sqrt(pi)
-
-// Below this argument log Phi, lambda = phi / Phi and lambda + g come from the asymptotic
-// series of the Mills ratio: erfc underflows near g = -38, and lambda + g computed as a
-// difference loses about log10(g^2) digits.
-constexpr double kNormalCdfTail = -20.0;
 
 // A loop over points is split across threads only when each thread gets at least this many
 // likelihood evaluations (a quadrature point costs n_gh of them).
@@ -53,39 +49,17 @@ struct LogDensity {
   double d2;
 };
 
-// log Phi(g) with its derivatives phi(g) / Phi(g) and -lambda (lambda + g), lambda = phi / Phi,
-// accurate (no log(0), no cancellation in lambda + g) for every finite g.
-LogDensity log_normal_cdf(double g) {
-  if (g < kNormalCdfTail) {
-    // Phi(g) = phi(g) / x * S with x = -g and S = 1 - 1/x^2 + 3/x^4 - 15/x^6 + ...; at x >= 20
-    // the terms fall below 1e-17 within ten steps. Then lambda = x / S and
-    // lambda + g = x (1 - S) / S, with 1 - S summed without cancellation.
-    const double x = -g;
-    const double inv_x2 = 1.0 / (x * x);
-    double term = 1.0;
-    double s_minus_one = 0.0;
-    for (int k = 1; std::fabs(term) > 1e-17; ++k) {
-      term *= -(2 * k - 1) * inv_x2;
-      s_minus_one += term;
-    }
-    const double s = 1.0 + s_minus_one;
-    const double lambda = x / s;
-    return {-0.5 * x * x - kLogSqrt2Pi - std::log(x) + std::log1p(s_minus_one), lambda,
-            lambda * x * s_minus_one / s};
-  }
-  const double phi = kInvSqrt2Pi * std::exp(-0.5 * g * g);
-  if (g < 0.0) {
-    const double cdf = 0.5 * std::erfc(-g * kInvSqrt2);
-    const double lambda = phi / cdf;
-    return {std::log(cdf), lambda, -lambda * (lambda + g)};
-  }
-  const double upper_tail = 0.5 * std::erfc(g * kInvSqrt2);  // 1 - Phi(g)
-  const double lambda = phi / (1.0 - upper_tail);
-  return {std::log1p(-upper_tail), lambda, -lambda * (lambda + g)};
+// log Phi(g) with its derivatives lambda = phi(g) / Phi(g) and -lambda (lambda + g), accurate for
+// every finite g (vmath::log_normal_cdf: no log(0) in the lower tail; lambda + g loses only
+// about log10(g^2) digits there). Branch-free, so quadrature loops over it vectorise.
+[[gnu::always_inline]] inline LogDensity log_normal_cdf(double g) {
+  double value, lambda;
+  vmath::log_normal_cdf(g, value, lambda);
+  return {value, lambda, -lambda * (lambda + g)};
 }
 
 // Bernoulli-probit: log Phi(s f) with s = 2y - 1.
-LogDensity probit_log_density(double y, double f) {
+[[gnu::always_inline]] inline LogDensity probit_log_density(double y, double f) {
   const double s = y > 0.5 ? 1.0 : -1.0;
   const LogDensity t = log_normal_cdf(s * f);
   return {t.value, s * t.d1, t.d2};
@@ -98,17 +72,17 @@ struct SigmoidPair {
   double log_of_z;
 };
 
-SigmoidPair sigmoid_pair(double z) {
-  const double e = std::exp(-std::fabs(z));
+[[gnu::always_inline]] inline SigmoidPair sigmoid_pair(double z) {
+  const double e = vmath::exp(-std::fabs(z));
   const double big = 1.0 / (1.0 + e);  // sigmoid(|z|)
   const double small = e * big;        // sigmoid(-|z|)
-  const double log1p_e = std::log1p(e);
-  if (z >= 0.0) return {big, small, -log1p_e};
-  return {small, big, z - log1p_e};
+  const double log1p_e = vmath::log1p(e);
+  const bool positive = z >= 0.0;
+  return {positive ? big : small, positive ? small : big, (positive ? 0.0 : z) - log1p_e};
 }
 
 // Bernoulli-logit: log sigmoid(s f) with s = 2y - 1.
-LogDensity logit_log_density(double y, double f) {
+[[gnu::always_inline]] inline LogDensity logit_log_density(double y, double f) {
   const double s = y > 0.5 ? 1.0 : -1.0;
   const SigmoidPair p = sigmoid_pair(s * f);
   return {p.log_of_z, s * p.of_minus_z, -p.of_z * p.of_minus_z};
@@ -144,7 +118,7 @@ struct NormalQuadrature {
   }
 };
 
-// Below this variance the var-derivative uses Price's form (see expected_log_densities).
+// Below this variance the var-derivative uses Price's form (see gh_expectation).
 constexpr double kPriceVariance = 1e-10;
 
 // For each point, the quadrature approximation V(mu, var) = sum_k w_k log p(y | mu + sqrt(2 var) x_k)
@@ -154,23 +128,41 @@ constexpr double kPriceVariance = 1e-10;
 // quadrature error). For var < kPriceVariance, where the division would amplify rounding,
 // dV/dvar takes Price's form sum_k w_k d2(f_k) / 2, equal to it to O(var).
 template <LogDensity (*log_density)(double y, double f)>
-void expected_log_densities(const Likelihood& lik, const double* y, const double* mu,
-                            const double* var, index_t n, double* value, double* dmu,
-                            double* dvar) {
+[[gnu::always_inline]] inline void gh_expectation(const double* x, const double* w, int n_gh, double y,
+                                                  double mu, double var, double* value, double* dmu,
+                                                  double* dvar) {
+  const double scale = std::sqrt(2.0 * var);
+  double e = 0.0, g = 0.0, gx = 0.0, h = 0.0;
+#pragma omp simd reduction(+ : e, g, gx, h)
+  for (int k = 0; k < n_gh; ++k) {
+    const LogDensity t = log_density(y, mu + scale * x[k]);
+    e += w[k] * t.value;
+    g += w[k] * t.d1;
+    gx += w[k] * x[k] * t.d1;
+    h += w[k] * t.d2;
+  }
+  *value = e;
+  *dmu = g;
+  *dvar = var >= kPriceVariance ? gx / scale : 0.5 * h;
+}
+
+// One point of the Bernoulli expectations, compiled once per SIMD level (vmath.hpp).
+PYGPFAST_SIMD_CLONES void bernoulli_expectation(bool probit, const double* x, const double* w, int n_gh,
+                                                double y, double mu, double var, double* value,
+                                                double* dmu, double* dvar) {
+  if (probit)
+    gh_expectation<probit_log_density>(x, w, n_gh, y, mu, var, value, dmu, dvar);
+  else
+    gh_expectation<logit_log_density>(x, w, n_gh, y, mu, var, value, dmu, dvar);
+}
+
+void bernoulli_expectations(const Likelihood& lik, const double* y, const double* mu, const double* var,
+                            index_t n, double* value, double* dmu, double* dvar) {
   const NormalQuadrature q(lik.n_gh);
+  const bool probit = lik.type == LikelihoodType::BernoulliProbit;
   for_each_point(n, q.size(), [&](index_t i) {
-    const double scale = std::sqrt(2.0 * var[i]);
-    double e = 0.0, g = 0.0, gx = 0.0, h = 0.0;
-    for (int k = 0; k < q.size(); ++k) {
-      const LogDensity t = log_density(y[i], mu[i] + scale * q.x[k]);
-      e += q.w[k] * t.value;
-      g += q.w[k] * t.d1;
-      gx += q.w[k] * q.x[k] * t.d1;
-      h += q.w[k] * t.d2;
-    }
-    value[i] = e;
-    dmu[i] = g;
-    dvar[i] = var[i] >= kPriceVariance ? gx / scale : 0.5 * h;
+    bernoulli_expectation(probit, q.x.data(), q.w.data(), q.size(), y[i], mu[i], var[i], value + i, dmu + i,
+                          dvar + i);
   });
 }
 
@@ -293,10 +285,8 @@ void variational_expectations(const Likelihood& lik, const double* y, const doub
       });
       return;
     case LikelihoodType::BernoulliProbit:
-      expected_log_densities<probit_log_density>(lik, y, mu, var, n, f, dmu, dvar);
-      return;
     case LikelihoodType::BernoulliLogit:
-      expected_log_densities<logit_log_density>(lik, y, mu, var, n, f, dmu, dvar);
+      bernoulli_expectations(lik, y, mu, var, n, f, dmu, dvar);
       return;
   }
 }
