@@ -32,9 +32,9 @@ second for R = 20) with the method of ``shared/notes/piecewise-bounds.md``:
   llp(-x) = llp(x) - x gives a_{R+1-r} = a_r, b_{R+1-r} = 1 - b_r, c_{R+1-r} = c_r.
 * Every c is raised by 1e-15 so that rounding the coefficients to double keeps B >= llp.
 
-The tables for R = 3..20 are stored in ``pygpfast/data/llp_bounds.csv`` (written by
-``python -m pygpfast.piecewise``) and read by :func:`llp_bound`; nothing is recomputed at import.
-For R = 20 the quadratic bound's maximum error is 1.4214e-4, against 1.951e-4 for the table
+The tables for R = 3..20 are stored in ``pygpfast/data/llp_bounds.csv``, written by
+:func:`write_tables` (``python -c "from pygpfast.piecewise import write_tables; write_tables()"``,
+about 30 s) and read by :func:`llp_bound`; nothing is recomputed at import. For R = 20 the quadratic bound's maximum error is 1.4214e-4, against 1.951e-4 for the table
 published with the 2011 paper.
 """
 
@@ -183,7 +183,8 @@ def _middle_quadratic(u):
 
 
 def _middle_linear(u):
-    return _chord_piece(-u, u), _chord_error(-u, u)
+    # The chord of llp on [-u, u] has slope 1/2 exactly (llp(x) - x/2 is even).
+    return (0.0, 0.5, _llp(-u) + 0.5 * u), _chord_error(-u, u)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +344,7 @@ class LLPBound:
 
     def __repr__(self):
         return (f"LLPBound(kind={self.kind!r}, n_pieces={self.n_pieces}, "
-                f"max_error={self.max_error:.5g})")
+                f"max_error={self.max_error:.4e})")
 
     def __call__(self, x):
         """Evaluate B at x (array_like, any shape); at a breakpoint the right piece applies."""
@@ -387,7 +388,7 @@ def build_llp_bound(n_pieces, kind="quadratic"):
 
 
 def _table_path():
-    return resources.files("pygpfast").joinpath("data", _TABLE_FILE)
+    return resources.files("pygpfast").joinpath(f"data/{_TABLE_FILE}")
 
 
 _COLUMNS = ["kind", "n_pieces", "piece", "lower", "upper", "a", "b", "c", "max_error"]
@@ -420,7 +421,7 @@ def write_tables(path=None):
     with open(path, "w", newline="") as f:
         f.write(
             "# Minimax piecewise upper bounds on llp(x) = log(1 + exp(x)), written by "
-            "`python -m pygpfast.piecewise`.\n"
+            "pygpfast.piecewise.write_tables().\n"
             "# Piece r of (kind, n_pieces): a x^2 + b x + c on [lower, upper); max_error = "
             "sup_x B(x) - llp(x) of the whole bound.\n"
         )
@@ -500,6 +501,3 @@ def expected_llp_bound(bound, m, v):
         raise ValueError("v (variances) must be >= 0")
     return _core.piecewise_expected_bound(bound.knots, bound.a, bound.b, bound.c, m, v)
 
-
-if __name__ == "__main__":
-    print(f"wrote {write_tables()}")
