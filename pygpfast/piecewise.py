@@ -12,7 +12,7 @@ Mohamed & Murphy (2012, seed 004) built on it are lower bounds on the log-likeli
 The bounds shipped here are the *minimax* ones: for each R and each kind (piecewise linear,
 a = 0, or piecewise quadratic, a >= 0) they minimise the maximum error max_x B(x) - llp(x) under
 the constraint B >= llp. They are computed by :func:`build_llp_bound` (offline; about a
-second for R = 20) with the method of ``shared/notes/piecewise-bounds.md``:
+few seconds for R = 20) with the method of ``shared/notes/piecewise-bounds.md``:
 
 * The first piece is the constant llp(t_1) and the last is x + llp(-t_{R-1}): on an infinite
   interval no other quadratic stays above llp with bounded error. Their error is reached as
