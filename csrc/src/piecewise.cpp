@@ -4,9 +4,9 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 
-#include "pygpfast/errors.hpp"
 #include "pygpfast/threads.hpp"
 
 namespace pygpfast::piecewise {
@@ -121,33 +121,39 @@ void check_points(const double* m, const double* v, index_t n) {
 
 }  // namespace
 
+// (Messages are built only on failure: expected_bound validates on every call, also for n = 1.)
 void validate(const Bound& bound) {
   const index_t R = bound.pieces();
-  require(R >= 1, "a piecewise bound needs at least one piece");
-  require(static_cast<index_t>(bound.b.size()) == R && static_cast<index_t>(bound.c.size()) == R,
-          "a, b and c must have the same length (one entry per piece), got " +
-              std::to_string(bound.a.size()) + ", " + std::to_string(bound.b.size()) + " and " +
-              std::to_string(bound.c.size()));
-  require(static_cast<index_t>(bound.knots.size()) == R + 1,
-          "knots must have one more entry than there are pieces (" + std::to_string(R + 1) +
-              "), got " + std::to_string(bound.knots.size()));
-  require(bound.knots.front() == -std::numeric_limits<double>::infinity() &&
-              bound.knots.back() == std::numeric_limits<double>::infinity(),
-          "knots must start at -inf and end at +inf");
+  if (R < 1) throw std::invalid_argument("a piecewise bound needs at least one piece");
+  if (static_cast<index_t>(bound.b.size()) != R || static_cast<index_t>(bound.c.size()) != R)
+    throw std::invalid_argument(
+        "a, b and c must have the same length (one entry per piece), got " +
+        std::to_string(bound.a.size()) + ", " + std::to_string(bound.b.size()) + " and " +
+        std::to_string(bound.c.size()));
+  if (static_cast<index_t>(bound.knots.size()) != R + 1)
+    throw std::invalid_argument("knots must have one more entry than there are pieces (" +
+                                std::to_string(R + 1) + "), got " +
+                                std::to_string(bound.knots.size()));
+  if (bound.knots.front() != -std::numeric_limits<double>::infinity() ||
+      bound.knots.back() != std::numeric_limits<double>::infinity())
+    throw std::invalid_argument("knots must start at -inf and end at +inf");
   for (index_t k = 1; k < R; ++k) {
-    require(std::isfinite(bound.knots[k]),
-            "knots[" + std::to_string(k) + "] = " + format_value(bound.knots[k]) +
-                ": interior breakpoints must be finite");
-    require(bound.knots[k] > bound.knots[k - 1],
-            "knots must be strictly increasing, but knots[" + std::to_string(k) +
-                "] = " + format_value(bound.knots[k]) + " follows " +
-                format_value(bound.knots[k - 1]));
+    if (!std::isfinite(bound.knots[k]))
+      throw std::invalid_argument("knots[" + std::to_string(k) + "] = " +
+                                  format_value(bound.knots[k]) +
+                                  ": interior breakpoints must be finite");
+    if (!(bound.knots[k] > bound.knots[k - 1]))
+      throw std::invalid_argument("knots must be strictly increasing, but knots[" +
+                                  std::to_string(k) + "] = " + format_value(bound.knots[k]) +
+                                  " follows " + format_value(bound.knots[k - 1]));
   }
   for (index_t r = 0; r < R; ++r) {
-    require(std::isfinite(bound.a[r]) && std::isfinite(bound.b[r]) && std::isfinite(bound.c[r]),
-            "the coefficients of piece " + std::to_string(r) + " must be finite");
-    require(bound.a[r] >= 0.0, "a[" + std::to_string(r) + "] = " + format_value(bound.a[r]) +
-                                   ": quadratic coefficients must be >= 0");
+    if (!(std::isfinite(bound.a[r]) && std::isfinite(bound.b[r]) && std::isfinite(bound.c[r])))
+      throw std::invalid_argument("the coefficients of piece " + std::to_string(r) +
+                                  " must be finite");
+    if (!(bound.a[r] >= 0.0))
+      throw std::invalid_argument("a[" + std::to_string(r) + "] = " + format_value(bound.a[r]) +
+                                  ": quadratic coefficients must be >= 0");
   }
 }
 
