@@ -107,7 +107,6 @@ def _remez_quadratic(lo, hi, max_iter=40):
     tau = np.array([-1.0, -0.5, 0.5, 1.0])  # Chebyshev extrema of degree 3
     signs = np.array([1.0, -1.0, 1.0, -1.0])
     points = mid + half * tau
-    coef = levelled = None
     for _ in range(max_iter):
         A = np.column_stack([tau**2, tau, np.ones(4), signs])
         rhs = np.array([_llp(x) for x in points])
