@@ -1,4 +1,4 @@
-"""Piecewise linear and quadratic upper bounds on llp(x) = log(1 + e^x) and their Gaussian expectations.
+"""Piecewise upper bounds on llp(x) = log(1 + e^x) and their expectations under a Gaussian.
 
 The logistic-log-partition llp(x) = log(1 + e^x) has no closed-form expectation under a
 Gaussian. Marlin, Khan & Murphy (ICML 2011) replace it by a piecewise bound B with R pieces::
@@ -34,8 +34,9 @@ few seconds for R = 20) with the method of ``shared/notes/piecewise-bounds.md``:
 
 The tables for R = 3..20 are stored in ``pygpfast/data/llp_bounds.csv``, written by
 :func:`write_tables` (``python -c "from pygpfast.piecewise import write_tables; write_tables()"``,
-about 30 s) and read by :func:`llp_bound`; nothing is recomputed at import. For R = 20 the quadratic bound's maximum error is 1.4214e-4, against 1.951e-4 for the table
-published with the 2011 paper.
+about 30 s) and read by :func:`llp_bound`; nothing is recomputed at import. For R = 20 the
+quadratic bound's maximum error is 1.4214e-4, against 1.951e-4 for the table published with the
+2011 paper.
 """
 
 import csv

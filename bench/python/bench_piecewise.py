@@ -73,7 +73,8 @@ def main():
             with common.background_load(args.load):
                 ctx = common.context(T) | {"background_load": args.load}
                 ours = expected_llp_bound(bound, m, v)
-                diff = max(float(np.max(np.abs(x - y) / (1.0 + np.abs(y)))) for x, y in zip(ours, ref))
+                diff = max(float(np.max(np.abs(x - y) / (1.0 + np.abs(y))))
+                           for x, y in zip(ours, ref))
                 t_core = common.time_calls(lambda: expected_llp_bound(bound, m, v), min_time=1.0)
                 t_numpy = common.time_calls(lambda: numpy_expected_bound(bound, m, v),
                                             min_time=1.0, min_calls=3, warmup=1)
@@ -93,7 +94,8 @@ def main():
     print(f"\nCPU {ctx['cpu']}, {ctx['cores']} cores, load avg {ctx['loadavg']}\n")
     print(common.table(rows, ["bound", "N", "threads", "pygpfast ms", "numpy ms", "speedup",
                               "Mpoints/s", "max rel diff"]))
-    print("\nwrote", common.write_json("piecewise" + ("_load" if args.load else ""), {"runs": runs}))
+    name = "piecewise" + ("_load" if args.load else "")
+    print("\nwrote", common.write_json(name, {"runs": runs}))
     pygpfast.set_num_threads(None)
     return 0
 

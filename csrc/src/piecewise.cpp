@@ -92,7 +92,8 @@ Result expected_at(const Bound& bound, double m, double v) {
     const double m0 = mass_between(lo, hi);
     const double dphi = lo.phi - hi.phi;
     const double slope_m = 2.0 * a * m + b;
-    value += ((a * m + b) * m + c + a * v) * m0 + s * slope_m * dphi + a * v * (z_phi(lo) - z_phi(hi));
+    value += ((a * m + b) * m + c + a * v) * m0 + s * slope_m * dphi +
+             a * v * (z_phi(lo) - z_phi(hi));
     dm += slope_m * m0 + 2.0 * a * s * dphi;
     dv += a * m0;
     if (r + 1 < R && hi.phi != 0.0) {
