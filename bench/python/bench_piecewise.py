@@ -3,13 +3,15 @@
 pygpfast's core (one erfc and one exp per breakpoint and point, OpenMP over points) against a
 vectorised numpy/scipy implementation of the same closed form (truncated-Gaussian moments and
 jump terms), processed in blocks of points so that its [block, R] temporaries stay in cache. Both
-are run in the same process on the same (m, v); their results are compared as a sanity check.
+are run in the same process on the same (m, v), their calls alternating (the machine may be
+shared), and their results are compared as a sanity check. Medians and minima are reported.
 
-Usage: python bench/python/bench_piecewise.py [--threads 1,2] [--n 1000000] [--load]
+Usage: python bench/python/bench_piecewise.py [--threads 1,2] [--n 1000000] [--rounds 7] [--load]
 """
 
 import argparse
 import sys
+import time
 
 import numpy as np
 from scipy.special import erfc
@@ -55,10 +57,26 @@ def numpy_expected_bound(bound, m, v, block=16384):
     return value, dm, dv
 
 
+def interleaved(fns, rounds):
+    """Time each of fns once per round, alternating, so that a shared machine's changing load
+    hits them alike; median and min (s) per function."""
+    for fn in fns:
+        fn()  # warm-up
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, t in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            t.append(time.perf_counter() - start)
+    return [{"median": float(np.median(t)), "min": float(np.min(t)), "calls": len(t)}
+            for t in times]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=7, help="alternating timings per method")
     ap.add_argument("--load", action="store_true", help="keep one core busy with another process")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
@@ -75,14 +93,15 @@ def main():
                 ours = expected_llp_bound(bound, m, v)
                 diff = max(float(np.max(np.abs(x - y) / (1.0 + np.abs(y))))
                            for x, y in zip(ours, ref))
-                t_core = common.time_calls(lambda: expected_llp_bound(bound, m, v), min_time=1.0)
-                t_numpy = common.time_calls(lambda: numpy_expected_bound(bound, m, v),
-                                            min_time=1.0, min_calls=3, warmup=1)
+                t_core, t_numpy = interleaved(
+                    [lambda: expected_llp_bound(bound, m, v),
+                     lambda: numpy_expected_bound(bound, m, v)], args.rounds)
             row = {
                 "bound": f"{kind} R={R}", "N": args.n, "threads": T,
                 "pygpfast ms": 1e3 * t_core["median"], "numpy ms": 1e3 * t_numpy["median"],
                 "speedup": t_numpy["median"] / t_core["median"],
-                "Mpoints/s": args.n / t_core["median"] / 1e6,
+                "pygpfast min ms": 1e3 * t_core["min"], "numpy min ms": 1e3 * t_numpy["min"],
+                "Mpoints/s": args.n / t_core["min"] / 1e6,
                 "max rel diff": diff,
             }
             rows.append(row)
@@ -93,7 +112,7 @@ def main():
     ctx = runs[0]["context"]
     print(f"\nCPU {ctx['cpu']}, {ctx['cores']} cores, load avg {ctx['loadavg']}\n")
     print(common.table(rows, ["bound", "N", "threads", "pygpfast ms", "numpy ms", "speedup",
-                              "Mpoints/s", "max rel diff"]))
+                              "pygpfast min ms", "numpy min ms", "Mpoints/s", "max rel diff"]))
     name = "piecewise" + ("_load" if args.load else "")
     print("\nwrote", common.write_json(name, {"runs": runs}))
     pygpfast.set_num_threads(None)
