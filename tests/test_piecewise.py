@@ -172,12 +172,14 @@ def test_quadratic_r20_beats_the_published_table():
 @pytest.mark.parametrize("kind", ["linear", "quadratic"])
 @pytest.mark.parametrize("R", [3, 4, 5, 6])
 def test_fresh_build_reproduces_the_stored_table(kind, R):
+    # Bitwise equal on the machine that wrote the tables; elsewhere a different LAPACK may move
+    # the root-finders' last iterates within their tolerances (~1e-14).
     fresh, stored = build_llp_bound(R, kind), llp_bound(R, kind)
-    np.testing.assert_allclose(fresh.knots, stored.knots, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(fresh.knots, stored.knots, rtol=1e-10, atol=1e-12)
     for name in ("a", "b", "c"):
-        np.testing.assert_allclose(getattr(fresh, name), getattr(stored, name), rtol=1e-12,
-                                   atol=1e-15)
-    np.testing.assert_allclose(fresh.max_error, stored.max_error, rtol=1e-12)
+        np.testing.assert_allclose(getattr(fresh, name), getattr(stored, name), rtol=1e-10,
+                                   atol=1e-12)
+    np.testing.assert_allclose(fresh.max_error, stored.max_error, rtol=1e-10)
 
 
 def test_shared_reference_files_match_the_literals_here():
