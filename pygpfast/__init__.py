@@ -25,7 +25,7 @@ except ImportError as e:  # pragma: no cover - only when the extension is missin
         f"&& cmake --build build/dev`. Original error: {e}"
     ) from e
 
-from . import datasets, kernels, likelihoods, linalg
+from . import datasets, kernels, likelihoods, linalg, piecewise
 from ._threads import get_num_threads, set_num_threads
 from .svgp import SVGPClassifier, SVGPRegressor
 
@@ -41,6 +41,7 @@ __all__ = [
     "kernels",
     "likelihoods",
     "linalg",
+    "piecewise",
     "set_num_threads",
     "__version__",
 ]

@@ -74,3 +74,8 @@ def svgp_predict_f(
     Xnew: F64,
     jitter: float,
 ) -> tuple[F64, F64, float]: ...
+
+# piecewise bounds on llp(x) = log(1 + e^x)
+def piecewise_expected_bound(
+    knots: F64, a: F64, b: F64, c: F64, m: F64, v: F64
+) -> tuple[F64, F64, F64]: ...

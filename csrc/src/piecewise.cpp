@@ -1,0 +1,179 @@
+#include "pygpfast/piecewise.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "pygpfast/threads.hpp"
+
+namespace pygpfast::piecewise {
+namespace {
+
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
+constexpr double kInvSqrt2 = 0.70710678118654752440;    // 1 / sqrt(2)
+
+// Beyond this many standard deviations phi(z) and the tail Q(z) are below 1e-347: they are set to
+// exactly 0 (as are z phi(z) and z^2 phi(z)), so that huge z never forms inf * 0.
+constexpr double kTailCut = 40.0;
+
+// A loop over points is split across threads only when each thread gets at least this many
+// breakpoint evaluations (one erfc and one exp each).
+constexpr index_t kMinEvaluationsPerThread = 4096;
+
+std::string format_value(double v) {
+  std::ostringstream os;
+  os.precision(std::numeric_limits<double>::digits10);
+  os << v;
+  return os.str();
+}
+
+// The standardised breakpoint z = (t - m) / s with phi(z) and the small tail Q(|z|) = P(Z > |z|).
+struct Knot {
+  double z;
+  double phi;
+  double tail;
+};
+
+Knot knot_at(double z) {
+  if (!(std::fabs(z) < kTailCut)) return {z, 0.0, 0.0};  // also z = +-inf
+  return {z, kInvSqrt2Pi * std::exp(-0.5 * z * z), 0.5 * std::erfc(std::fabs(z) * kInvSqrt2)};
+}
+
+// P(lo <= Z < hi) for Z ~ N(0, 1) from the small tails, so that no digit is lost when both limits
+// lie in the same tail (mass down to 1e-300 keeps its relative accuracy).
+double mass_between(const Knot& lo, const Knot& hi) {
+  if (lo.z >= 0.0) return lo.tail - hi.tail;
+  if (hi.z <= 0.0) return hi.tail - lo.tail;
+  return (1.0 - lo.tail) - hi.tail;
+}
+
+// z phi(z), exactly 0 at the cut (and at z = +-inf).
+double z_phi(const Knot& k) { return k.phi == 0.0 ? 0.0 : k.z * k.phi; }
+
+struct Result {
+  double value;
+  double dm;
+  double dv;
+};
+
+// v == 0: the bound itself at m (right piece at a breakpoint, as B is defined on [l, h)), its
+// slope there and d/dv -> B''(m) / 2 = a (the limits as v -> 0+ away from the breakpoints).
+Result at_point(const Bound& bound, double m) {
+  const index_t R = bound.pieces();
+  const auto first = bound.knots.begin() + 1;
+  const auto last = bound.knots.begin() + R;
+  const index_t r = static_cast<index_t>(std::upper_bound(first, last, m) - first);
+  const double a = bound.a[r], b = bound.b[r], c = bound.c[r];
+  return {(a * m + b) * m + c, 2.0 * a * m + b, a};
+}
+
+// x ~ N(m, v), v > 0, s = sqrt(v). With z = (x - m) / s, piece r contributes
+//   E[q(x) 1] = (q(m) + a v) M0 + s q'(m) (phi_lo - phi_hi) + a v (z_lo phi_lo - z_hi phi_hi)
+// (from E[z 1] = phi_lo - phi_hi and E[z^2 1] = M0 + z_lo phi_lo - z_hi phi_hi), and
+// integration by parts (d/dm N = -d/dx N, d/dv N = d^2/dx^2 N / 2) gives the derivatives as
+// piece terms plus, at each breakpoint t_k with density N(t_k) = phi(z_k) / s and jumps
+// dq = q_{k+1}(t_k) - q_k(t_k), dq' = q'_{k+1}(t_k) - q'_k(t_k):
+//   d/dm = sum_r [q'(m) M0 + 2 a s (phi_lo - phi_hi)] + sum_k dq N(t_k)
+//   d/dv = sum_r a M0 + sum_k N(t_k) (dq z_k / s + dq') / 2.
+// (The jump terms are why d/dm is not E[B'] when B is discontinuous.)
+Result expected_at(const Bound& bound, double m, double v) {
+  const index_t R = bound.pieces();
+  const double s = std::sqrt(v);
+  double value = 0.0, dm = 0.0, dv = 0.0;
+  double jump_m = 0.0, jump_v = 0.0;  // sum_k phi_k dq_k and sum_k phi_k (dq_k z_k / s + dq'_k)
+  Knot lo{-std::numeric_limits<double>::infinity(), 0.0, 0.0};
+  for (index_t r = 0; r < R; ++r) {
+    const Knot hi = r + 1 < R ? knot_at((bound.knots[r + 1] - m) / s)
+                              : Knot{std::numeric_limits<double>::infinity(), 0.0, 0.0};
+    const double a = bound.a[r], b = bound.b[r], c = bound.c[r];
+    const double m0 = mass_between(lo, hi);
+    const double dphi = lo.phi - hi.phi;
+    const double slope_m = 2.0 * a * m + b;
+    value += ((a * m + b) * m + c + a * v) * m0 + s * slope_m * dphi +
+             a * v * (z_phi(lo) - z_phi(hi));
+    dm += slope_m * m0 + 2.0 * a * s * dphi;
+    dv += a * m0;
+    if (r + 1 < R && hi.phi != 0.0) {
+      const double t = bound.knots[r + 1];
+      const double an = bound.a[r + 1], bn = bound.b[r + 1], cn = bound.c[r + 1];
+      const double dq = ((an - a) * t + (bn - b)) * t + (cn - c);
+      const double dslope = 2.0 * (an - a) * t + (bn - b);
+      jump_m += hi.phi * dq;
+      jump_v += hi.phi * (dq * hi.z / s + dslope);
+    }
+    lo = hi;
+  }
+  return {value, dm + jump_m / s, dv + 0.5 * jump_v / s};
+}
+
+void check_points(const double* m, const double* v, index_t n) {
+  for (index_t i = 0; i < n; ++i) {
+    if (!std::isfinite(m[i]))
+      throw std::invalid_argument("m[" + std::to_string(i) + "] = " + format_value(m[i]) +
+                                  ": means must be finite");
+    if (!(v[i] >= 0.0 && std::isfinite(v[i])))
+      throw std::invalid_argument("v[" + std::to_string(i) + "] = " + format_value(v[i]) +
+                                  ": variances must be finite and >= 0");
+  }
+}
+
+}  // namespace
+
+// (Messages are built only on failure: expected_bound validates on every call, also for n = 1.)
+void validate(const Bound& bound) {
+  const index_t R = bound.pieces();
+  if (R < 1) throw std::invalid_argument("a piecewise bound needs at least one piece");
+  if (static_cast<index_t>(bound.b.size()) != R || static_cast<index_t>(bound.c.size()) != R)
+    throw std::invalid_argument(
+        "a, b and c must have the same length (one entry per piece), got " +
+        std::to_string(bound.a.size()) + ", " + std::to_string(bound.b.size()) + " and " +
+        std::to_string(bound.c.size()));
+  if (static_cast<index_t>(bound.knots.size()) != R + 1)
+    throw std::invalid_argument("knots must have one more entry than there are pieces (" +
+                                std::to_string(R + 1) + "), got " +
+                                std::to_string(bound.knots.size()));
+  if (bound.knots.front() != -std::numeric_limits<double>::infinity() ||
+      bound.knots.back() != std::numeric_limits<double>::infinity())
+    throw std::invalid_argument("knots must start at -inf and end at +inf");
+  for (index_t k = 1; k < R; ++k) {
+    if (!std::isfinite(bound.knots[k]))
+      throw std::invalid_argument("knots[" + std::to_string(k) + "] = " +
+                                  format_value(bound.knots[k]) +
+                                  ": interior breakpoints must be finite");
+    if (!(bound.knots[k] > bound.knots[k - 1]))
+      throw std::invalid_argument("knots must be strictly increasing, but knots[" +
+                                  std::to_string(k) + "] = " + format_value(bound.knots[k]) +
+                                  " follows " + format_value(bound.knots[k - 1]));
+  }
+  for (index_t r = 0; r < R; ++r) {
+    if (!(std::isfinite(bound.a[r]) && std::isfinite(bound.b[r]) && std::isfinite(bound.c[r])))
+      throw std::invalid_argument("the coefficients of piece " + std::to_string(r) +
+                                  " must be finite");
+    if (!(bound.a[r] >= 0.0))
+      throw std::invalid_argument("a[" + std::to_string(r) + "] = " + format_value(bound.a[r]) +
+                                  ": quadratic coefficients must be >= 0");
+  }
+}
+
+void expected_bound(const Bound& bound, const double* m, const double* v, index_t n, double* value,
+                    double* dm, double* dv) {
+  validate(bound);
+  check_points(m, v, n);
+  const index_t R = bound.pieces();
+  [[maybe_unused]] const int nt =
+      threads_for(n, std::max<index_t>(1, kMinEvaluationsPerThread / R));
+#ifdef _OPENMP  // (without it the pragma would draw -Wunknown-pragmas)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+  for (index_t i = 0; i < n; ++i) {
+    const Result res = v[i] > 0.0 ? expected_at(bound, m[i], v[i]) : at_point(bound, m[i]);
+    value[i] = res.value;
+    if (dm != nullptr) dm[i] = res.dm;
+    if (dv != nullptr) dv[i] = res.dv;
+  }
+}
+
+}  // namespace pygpfast::piecewise
