@@ -104,5 +104,6 @@ void bind_linalg(py::module_& m);
 void bind_kernels(py::module_& m);
 void bind_likelihoods(py::module_& m);
 void bind_svgp(py::module_& m);
+void bind_svgp_mf(py::module_& m);
 
 }  // namespace pygpfast::bind
