@@ -233,7 +233,7 @@ void solve_a(const Factors& f, const double* y, double* a, const InnerSolve& opt
 
   double gnorm = evaluate(r, z, G);
   Buffer J(static_cast<std::size_t>(M * M)), Ws(static_cast<std::size_t>(M * N)), d(M), r_try(M),
-      z_try(N), G_try(M);
+      z_try(N), G_try(M), sqrt_rho(N);
   MatrixView JV(J.data(), M, M), WsV(Ws.data(), M, N);
   res.inner_converged = false;
   int it = 0;
@@ -245,8 +245,9 @@ void solve_a(const Factors& f, const double* y, double* a, const InnerSolve& opt
     }
     if (it >= opt.max_iter) break;
     // J = I - W diag(rho) W^T (symmetric positive definite, >= Bm^-1).
+    for (index_t n = 0; n < N; ++n) sqrt_rho[n] = std::sqrt(rho[n]);
     for (index_t m = 0; m < M; ++m)
-      for (index_t n = 0; n < N; ++n) Ws[m * N + n] = W(m, n) * std::sqrt(rho[n]);
+      for (index_t n = 0; n < N; ++n) Ws[m * N + n] = W(m, n) * sqrt_rho[n];
     blas::syrk(Uplo::Lower, Trans::No, -1.0, WsV, 0.0, JV);
     for (index_t i = 0; i < M; ++i) JV(i, i) += 1.0;
     linalg::cholesky_jitter(JV);
