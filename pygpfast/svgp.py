@@ -369,7 +369,9 @@ class _SVGPEstimator(BaseEstimator):
     def _fit_mf(self, model, X, t):
         """The sparse mean-field method (seed 000 section 3.1); see pygpfast._svgp_mf."""
         if len(self.classes_) != 2:
-            raise ValueError(f"method='mf' is binary; y has {len(self.classes_)} classes")
+            raise ValueError(
+                f"Only binary classification is supported by method='mf'; y has {len(self.classes_)} classes"
+            )
         self.history_ = []
         fit = _svgp_mf.fit(
             model.kernel, model.Z, X, t, jitter=self.jitter, train_Z=self.train_inducing,
@@ -445,7 +447,8 @@ _COMMON_DOC = """
     method : {'kl', 'mf'}
         'kl': the KL method of seed 000 section 4. 'mf': the sparse mean-field method of
         section 3.1 (SVGPClassifier with link='probit' only; full-batch L-BFGS-B; ``elbo_`` is
-        then its bound, eq. 12, and predictions use its Gaussian approximation of q(u)).
+        then its bound, eq. 12, predictions use its Gaussian approximation of q(u), and
+        ``whiten`` does not apply).
     whiten : bool
         Whitened parameterisation (default).
     optimizer : {'auto', 'lbfgs', 'adam'}
