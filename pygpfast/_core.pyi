@@ -79,3 +79,21 @@ def svgp_predict_f(
 def piecewise_expected_bound(
     knots: F64, a: F64, b: F64, c: F64, m: F64, v: F64
 ) -> tuple[F64, F64, F64]: ...
+
+# sparse mean-field SVGP (seed 000 section 3.1; y in {0, 1})
+def svgp_mf_bound(
+    codes: NDArray[np.int32],
+    params: F64,
+    Z: F64,
+    X: F64,
+    y: F64,
+    a: F64,
+    jitter: float,
+    solve_a: bool,
+    max_iter: int,
+    tol: float,
+    with_grad: bool,
+) -> tuple[float, F64, float, tuple[int, float, bool], tuple[F64, F64, F64] | None]: ...
+def svgp_mf_posterior(
+    codes: NDArray[np.int32], params: F64, Z: F64, X: F64, y: F64, a: F64, jitter: float
+) -> tuple[F64, F64, float]: ...

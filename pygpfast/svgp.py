@@ -22,6 +22,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import _core
+from . import _svgp_mf
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from ._validation import as_matrix, as_vector, check_same_dim
@@ -241,8 +242,10 @@ class _SVGPEstimator(BaseEstimator):
 
     # ---------------------------------------------------------------- fitting
     def _check_params(self):
-        if self.method != "kl":
-            raise ValueError(f"method must be 'kl', got {self.method!r}")
+        if self.method not in ("kl", "mf"):
+            raise ValueError(f"method must be 'kl' or 'mf', got {self.method!r}")
+        if self.method == "mf":
+            _svgp_mf.check_estimator_params(self)
         if self.optimizer not in ("auto", "lbfgs", "adam"):
             raise ValueError(f"optimizer must be 'auto', 'lbfgs' or 'adam', got {self.optimizer!r}")
         if not (isinstance(self.n_inducing, numbers.Integral) and self.n_inducing >= 1):
@@ -283,6 +286,8 @@ class _SVGPEstimator(BaseEstimator):
         else:
             Z = _init_inducing(X, min(self.n_inducing, N), rs)
         model = SVGP(kernel, self._likelihood_for_fit(), Z, whiten=self.whiten, jitter=self.jitter)
+        if self.method == "mf":
+            return self._fit_mf(model, X, t)
 
         optimizer = self.optimizer
         if optimizer == "auto":
@@ -361,6 +366,30 @@ class _SVGPEstimator(BaseEstimator):
                 stacklevel=3,
             )
 
+    def _fit_mf(self, model, X, t):
+        """The sparse mean-field method (seed 000 section 3.1); see pygpfast._svgp_mf."""
+        if len(self.classes_) != 2:
+            raise ValueError(
+                f"Only binary classification is supported by method='mf'; y has {len(self.classes_)} classes"
+            )
+        self.history_ = []
+        fit = _svgp_mf.fit(
+            model.kernel, model.Z, X, t, jitter=self.jitter, train_Z=self.train_inducing,
+            train_hyper=self.optimize_hyperparameters, max_iter=self.max_iter, tol=self.tol,
+            report=self._report,
+        )
+        # Its Gaussian approximation of q(u), whitened whatever `whiten` says.
+        self.model_ = SVGP(model.kernel, model.likelihood, fit.Z, fit.q_mu, fit.q_sqrt, whiten=True,
+                           jitter=self.jitter)
+        self.optimizer_ = "lbfgs"
+        self.n_iter_ = fit.n_iter
+        self.kernel_ = self.model_.kernel
+        self.likelihood_ = self.model_.likelihood
+        self.inducing_points_ = self.model_.Z
+        self.elbo_ = fit.bound
+        self.mf_a_ = fit.a
+        return self
+
     def _fit_adam(self, model, X, t, rs):
         N = X.shape[0]
         B = min(N, 256 if self.batch_size == "auto" else int(self.batch_size))
@@ -415,8 +444,11 @@ _COMMON_DOC = """
         Number of inducing points M (initialised by k-means on at most max(20 M, 20000) rows).
     inducing_points : array_like [M, D], optional
         Initial inducing inputs (overrides n_inducing).
-    method : {'kl'}
-        The KL method of seed 000 section 4.
+    method : {'kl', 'mf'}
+        'kl': the KL method of seed 000 section 4. 'mf': the sparse mean-field method of
+        section 3.1 (SVGPClassifier with link='probit' only; full-batch L-BFGS-B; ``elbo_`` is
+        then its bound, eq. 12, predictions use its Gaussian approximation of q(u), and
+        ``whiten`` does not apply).
     whiten : bool
         Whitened parameterisation (default).
     optimizer : {'auto', 'lbfgs', 'adam'}
@@ -455,6 +487,8 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
     classes_ : ndarray [2]
     model_ : SVGP
     kernel_, likelihood_, inducing_points_ [M, D], elbo_, history_, n_iter_
+    mf_a_ : ndarray [N]
+        method='mf' only: locations a of the truncated Gaussians q(g_n) (seed 000 eq. 11).
     """
     )
 

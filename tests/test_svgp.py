@@ -314,7 +314,7 @@ def test_classifier_bad_input(X, y, match):
 @pytest.mark.parametrize(
     "kwargs",
     [{"optimizer": "sgd"}, {"n_inducing": 0}, {"max_iter": 0}, {"batch_size": -3},
-     {"learning_rate": 0.0}, {"method": "mf"}],
+     {"learning_rate": 0.0}, {"method": "ep"}],
 )
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_bad_parameters(kwargs):
