@@ -171,7 +171,10 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
 
   // Marginals: mu = A^T m_w [B, L];  var[:, l] = kdiag - |A_n|^2 + |T_l[:, n]|^2, T_l = L_l^T A.
   Buffer mu(static_cast<std::size_t>(B * L)), var(static_cast<std::size_t>(B * L));
-  blas::gemm(Trans::Yes, Trans::No, 1.0, AV, mwV, 0.0, MatrixView(mu.data(), B, L));
+  if (L == 1)  // (a GEMM with one column runs far below GEMV's speed in OpenBLAS)
+    blas::gemv(Trans::Yes, 1.0, AV, mw.data(), 0.0, mu.data());
+  else
+    blas::gemm(Trans::Yes, Trans::No, 1.0, AV, mwV, 0.0, MatrixView(mu.data(), B, L));
   Buffer a2(B), t2(B);
   column_sums_of_squares(AV, a2.data());
   Scratch T(L * M * B);
@@ -213,7 +216,10 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   // d/dm_w = A gmu - m_w   [M, L]
   Buffer dmw(static_cast<std::size_t>(M * L));
   MatrixView dmwV(dmw.data(), M, L);
-  blas::gemm(Trans::No, Trans::No, 1.0, AV, gmuV, 0.0, dmwV);
+  if (L == 1)
+    blas::gemv(Trans::No, 1.0, AV, gmu.data(), 0.0, dmw.data());
+  else
+    blas::gemm(Trans::No, Trans::No, 1.0, AV, gmuV, 0.0, dmwV);
   for (std::size_t i = 0; i < dmw.size(); ++i) dmw[i] -= mw[i];
 
   // Per latent function, with Tg_l = T_l diag(gvar_l) (in place):
@@ -325,8 +331,11 @@ double predict_f(const kernels::Kernel& kernel, const Variational& q, ConstMatri
     kernel.K(q.Z, Xc, false, AV);
     kernel.Kdiag(Xc, kdiag.data());
     blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, AV);
-    blas::gemm(Trans::Yes, Trans::No, 1.0, AV, ConstMatrixView(mw.data(), M, L), 0.0,
-               MatrixView(mean.row(start), n, L, mean.ld));
+    if (L == 1)
+      blas::gemv(Trans::Yes, 1.0, AV, mw.data(), 0.0, mean.row(start));
+    else
+      blas::gemm(Trans::Yes, Trans::No, 1.0, AV, ConstMatrixView(mw.data(), M, L), 0.0,
+                 MatrixView(mean.row(start), n, L, mean.ld));
     column_sums_of_squares(AV, a2.data());
     for (index_t l = 0; l < L; ++l) {
       std::copy(A.data(), A.data() + M * n, Tm.data());
