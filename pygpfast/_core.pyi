@@ -41,11 +41,16 @@ def kernel_Kdiag_vjp(codes: NDArray[np.int32], params: F64, X: F64, g: F64) -> F
 
 # quadrature and likelihoods (kind: 0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson)
 def gauss_hermite(n: int) -> tuple[F64, F64]: ...
+# (num_classes: 0 for the likelihoods of one latent function)
 def variational_expectations(
-    kind: int, variance: float, n_gh: int, y: F64, mu: F64, var: F64
+    kind: int, variance: float, n_gh: int, num_classes: int, y: F64, mu: F64, var: F64
 ) -> tuple[F64, F64, F64, F64]: ...
-def predict_mean_and_var(kind: int, variance: float, n_gh: int, mu: F64, var: F64) -> tuple[F64, F64]: ...
-def predict_log_density(kind: int, variance: float, n_gh: int, y: F64, mu: F64, var: F64) -> F64: ...
+def predict_mean_and_var(
+    kind: int, variance: float, n_gh: int, num_classes: int, mu: F64, var: F64
+) -> tuple[F64, F64]: ...
+def predict_log_density(
+    kind: int, variance: float, n_gh: int, num_classes: int, y: F64, mu: F64, var: F64
+) -> F64: ...
 
 # SVGP
 def svgp_elbo(
@@ -54,6 +59,7 @@ def svgp_elbo(
     lik_kind: int,
     lik_variance: float,
     n_gh: int,
+    num_classes: int,
     Z: F64,
     q_mu: F64,
     q_sqrt: F64,
@@ -63,6 +69,7 @@ def svgp_elbo(
     scale: float,
     jitter: float,
     with_grad: bool,
+    natural: bool = False,
 ) -> tuple[float, float, float, float, tuple[F64, F64, F64, F64, float] | None]: ...
 def svgp_predict_f(
     codes: NDArray[np.int32],

@@ -67,7 +67,8 @@ class Likelihood:
     param_names = ()
 
     def _core_args(self):
-        """(kind, variance, n_gh) for the core's functions."""
+        """(kind, variance, n_gh, num_classes) for the core's functions (num_classes is 0 for
+        the likelihoods of one latent function)."""
         raise NotImplementedError
 
     @property
@@ -195,7 +196,7 @@ class Gaussian(Likelihood):
         self.variance = _check_positive(variance, "variance")
 
     def _core_args(self):
-        return (_GAUSSIAN, self.variance, 1)
+        return (_GAUSSIAN, self.variance, 1, 0)
 
 
 class Bernoulli(Likelihood):
@@ -219,7 +220,7 @@ class Bernoulli(Likelihood):
         self.n_gh = _check_n_gh(n_gh)
 
     def _core_args(self):
-        return (_LINKS[self.link], 1.0, self.n_gh)
+        return (_LINKS[self.link], 1.0, self.n_gh, 0)
 
     def _repr_args(self):
         return {"link": self.link, "n_gh": self.n_gh}
@@ -244,7 +245,7 @@ class Poisson(Likelihood):
         self.n_gh = _check_n_gh(n_gh)
 
     def _core_args(self):
-        return (_POISSON, 1.0, self.n_gh)
+        return (_POISSON, 1.0, self.n_gh, 0)
 
     def _repr_args(self):
         return {"n_gh": self.n_gh}

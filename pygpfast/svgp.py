@@ -76,8 +76,7 @@ class SVGP:
 
     def _core_args(self):
         codes, params = self.kernel._spec(self.Z.shape[1])
-        kind, variance, n_gh = self.likelihood._core_args()
-        return codes, params, kind, variance, n_gh
+        return (codes, params, *self.likelihood._core_args())
 
     def elbo(self, X, y, *, scale=1.0, with_grad=False):
         """ELBO on a batch, optionally with its gradients.
@@ -98,9 +97,8 @@ class SVGP:
             positive kernel parameters) and ``likelihood`` [L] (w.r.t. the positive likelihood
             parameters) — gradients of the ELBO.
         """
-        codes, params, kind, variance, n_gh = self._core_args()
         value, _, _, extra, g = _core.svgp_elbo(
-            codes, params, kind, variance, n_gh, self.Z, self.q_mu, self.q_sqrt, self.whiten,
+            *self._core_args(), self.Z, self.q_mu, self.q_sqrt, self.whiten,
             X, y, float(scale), self.jitter, bool(with_grad),
         )
         self._warn_jitter(extra)
@@ -112,7 +110,7 @@ class SVGP:
 
     def predict_f(self, Xnew):
         """Mean [T] and variance [T] of q(f) at Xnew [T, D] (O(M^2) per point)."""
-        codes, params, kind, variance, n_gh = self._core_args()
+        codes, params = self.kernel._spec(self.Z.shape[1])
         mean, var, extra = _core.svgp_predict_f(
             codes, params, self.Z, self.q_mu, self.q_sqrt, self.whiten, Xnew, self.jitter
         )

@@ -13,29 +13,29 @@ VAR = np.array([1.0, 0.0, 2.0])
 
 @pytest.mark.parametrize("kind", [GAUSSIAN, PROBIT, LOGIT, POISSON])
 def test_shapes_and_parameter_derivative(kind):
-    f, dmu, dvar, dparam = _core.variational_expectations(kind, 0.5, 20, Y, MU, VAR)
+    f, dmu, dvar, dparam = _core.variational_expectations(kind, 0.5, 20, 0, Y, MU, VAR)
     assert all(a.shape == (3,) and a.dtype == np.float64 for a in (f, dmu, dvar, dparam))
     if kind != GAUSSIAN:
         np.testing.assert_array_equal(dparam, 0.0)
-    mean, var = _core.predict_mean_and_var(kind, 0.5, 20, MU, VAR)
+    mean, var = _core.predict_mean_and_var(kind, 0.5, 20, 0, MU, VAR)
     assert mean.shape == var.shape == (3,)
-    assert _core.predict_log_density(kind, 0.5, 20, Y, MU, VAR).shape == (3,)
+    assert _core.predict_log_density(kind, 0.5, 20, 0, Y, MU, VAR).shape == (3,)
 
 
 def test_lengths_must_match():
     with pytest.raises(ValueError, match="mu must have length 3, got 2"):
-        _core.variational_expectations(PROBIT, 1.0, 20, Y, MU[:2], VAR)
+        _core.variational_expectations(PROBIT, 1.0, 20, 0, Y, MU[:2], VAR)
     with pytest.raises(ValueError, match="var must have length 3, got 2"):
-        _core.predict_mean_and_var(PROBIT, 1.0, 20, MU, VAR[:2])
+        _core.predict_mean_and_var(PROBIT, 1.0, 20, 0, MU, VAR[:2])
     with pytest.raises(ValueError, match="mu must have length 3"):
-        _core.predict_log_density(PROBIT, 1.0, 20, Y, MU[:1], VAR)
+        _core.predict_log_density(PROBIT, 1.0, 20, 0, Y, MU[:1], VAR)
 
 
 def test_arrays_must_be_float64_contiguous():
     with pytest.raises(ValueError, match="float64"):
-        _core.variational_expectations(PROBIT, 1.0, 20, Y.astype(np.float32), MU, VAR)
+        _core.variational_expectations(PROBIT, 1.0, 20, 0, Y.astype(np.float32), MU, VAR)
     with pytest.raises(ValueError, match="C-contiguous"):
-        _core.predict_mean_and_var(PROBIT, 1.0, 20, np.repeat(MU, 2)[::2], VAR)
+        _core.predict_mean_and_var(PROBIT, 1.0, 20, 0, np.repeat(MU, 2)[::2], VAR)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +51,12 @@ def test_arrays_must_be_float64_contiguous():
 )
 def test_bad_description(kind, variance, n_gh, message):
     with pytest.raises(ValueError, match=message):
-        _core.variational_expectations(kind, variance, n_gh, Y, MU, VAR)
+        _core.variational_expectations(kind, variance, n_gh, 0, Y, MU, VAR)
     with pytest.raises(ValueError, match=message):
-        _core.predict_mean_and_var(kind, variance, n_gh, MU, VAR)
+        _core.predict_mean_and_var(kind, variance, n_gh, 0, MU, VAR)
+
+
+@pytest.mark.parametrize("kind", [GAUSSIAN, PROBIT, LOGIT, POISSON])
+def test_scalar_likelihoods_refuse_classes(kind):
+    with pytest.raises(ValueError, match="one latent function: num_classes must be 0, got 3"):
+        _core.variational_expectations(kind, 1.0, 20, 3, Y, MU, VAR)

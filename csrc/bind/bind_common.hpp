@@ -87,12 +87,14 @@ inline kernels::Kernel make_kernel(const py::array& codes, const py::array& para
   return kernels::Kernel(c, codes.shape(0), p, params.shape(0), input_dim);
 }
 
-// The core likelihood for (kind, variance, n_gh), validated (std::invalid_argument).
-inline likelihoods::Likelihood make_likelihood(int kind, double variance, int n_gh) {
+// The core likelihood for (kind, variance, n_gh, num_classes), validated
+// (std::invalid_argument). num_classes is 0 for the likelihoods of a scalar latent function.
+inline likelihoods::Likelihood make_likelihood(int kind, double variance, int n_gh, int num_classes) {
   likelihoods::Likelihood lik;
   lik.type = static_cast<likelihoods::LikelihoodType>(kind);
   lik.variance = variance;
   lik.n_gh = n_gh;
+  lik.num_classes = num_classes;
   likelihoods::validate(lik);
   return lik;
 }

@@ -16,9 +16,9 @@ void bind_likelihoods(py::module_& m) {
 
   m.def(
       "variational_expectations",
-      [](int kind, double variance, int n_gh, const py::array& y, const py::array& mu,
+      [](int kind, double variance, int n_gh, int num_classes, const py::array& y, const py::array& mu,
          const py::array& var) {
-        const auto lik = make_likelihood(kind, variance, n_gh);
+        const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
         const double* yv = as_vector(y, "y");
         const index_t n = y.shape(0);
         const double* muv = as_vector(mu, "mu", n);
@@ -32,7 +32,7 @@ void bind_likelihoods(py::module_& m) {
         }
         return py::make_tuple(f, dmu, dvar, dparam);
       },
-      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("y"), py::arg("mu"),
+      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"), py::arg("mu"),
       py::arg("var"),
       "E[log p(y|f)] under f ~ N(mu, var) per point. kind: 0 Gaussian, 1 Bernoulli-probit, "
       "2 Bernoulli-logit, 3 Poisson. Returns (f, dmu, dvar, dparam), each [N]; dparam is the "
@@ -40,8 +40,8 @@ void bind_likelihoods(py::module_& m) {
 
   m.def(
       "predict_mean_and_var",
-      [](int kind, double variance, int n_gh, const py::array& mu, const py::array& var) {
-        const auto lik = make_likelihood(kind, variance, n_gh);
+      [](int kind, double variance, int n_gh, int num_classes, const py::array& mu, const py::array& var) {
+        const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
         const double* muv = as_vector(mu, "mu");
         const index_t n = mu.shape(0);
         const double* varv = as_vector(var, "var", n);
@@ -53,14 +53,14 @@ void bind_likelihoods(py::module_& m) {
         }
         return py::make_tuple(mean, y_var);
       },
-      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("mu"), py::arg("var"),
+      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("mu"), py::arg("var"),
       "Predictive mean and variance of y at f ~ N(mu, var). Returns (mean [N], var [N]).");
 
   m.def(
       "predict_log_density",
-      [](int kind, double variance, int n_gh, const py::array& y, const py::array& mu,
+      [](int kind, double variance, int n_gh, int num_classes, const py::array& y, const py::array& mu,
          const py::array& var) {
-        const auto lik = make_likelihood(kind, variance, n_gh);
+        const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
         const double* yv = as_vector(y, "y");
         const index_t n = y.shape(0);
         const double* muv = as_vector(mu, "mu", n);
@@ -72,7 +72,7 @@ void bind_likelihoods(py::module_& m) {
         }
         return out;
       },
-      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("y"), py::arg("mu"),
+      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"), py::arg("mu"),
       py::arg("var"), "log of the predictive density of y at f ~ N(mu, var), per point [N].");
 }
 

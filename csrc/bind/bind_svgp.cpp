@@ -49,10 +49,11 @@ void bind_svgp(py::module_& m) {
   m.def(
       "svgp_elbo",
       [](const py::array& codes, const py::array& params, int lik_kind, double lik_variance, int n_gh,
-         const py::array& Z, const py::array& q_mu, const py::array& q_sqrt, bool whiten,
-         const py::array& X, const py::array& y, double scale, double jitter, bool with_grad) {
+         int num_classes, const py::array& Z, const py::array& q_mu, const py::array& q_sqrt,
+         bool whiten, const py::array& X, const py::array& y, double scale, double jitter,
+         bool with_grad, bool natural) {
         const kernels::Kernel kernel = make_kernel(codes, params, as_matrix(Z, "Z").cols);
-        const auto lik = make_likelihood(lik_kind, lik_variance, n_gh);
+        const auto lik = make_likelihood(lik_kind, lik_variance, n_gh, num_classes);
         const auto q = make_variational(Z, q_mu, q_sqrt, whiten);
         svgp::Batch batch;
         batch.X = as_matrix(X, "X");
@@ -63,8 +64,13 @@ void bind_svgp(py::module_& m) {
                             d_Z = new_matrix(M, D), d_kern = new_vector(kernel.num_params());
         double d_lik = 0.0;
         svgp::Gradients g;
-        g.q_mu = MatrixView(d_mu.mutable_data(), M, L);
-        g.q_sqrt = d_sqrt.mutable_data();
+        if (natural) {
+          g.ell_q_mu = d_mu.mutable_data();
+          g.ell_q_cov = d_sqrt.mutable_data();
+        } else {
+          g.q_mu = MatrixView(d_mu.mutable_data(), M, L);
+          g.q_sqrt = d_sqrt.mutable_data();
+        }
         g.Z = view_of(d_Z);
         g.kernel = d_kern.mutable_data();
         g.likelihood_variance = &d_lik;
@@ -78,11 +84,15 @@ void bind_svgp(py::module_& m) {
         return py::make_tuple(r.elbo, r.expected_log_lik, r.kl, r.jitter, grads);
       },
       py::arg("codes"), py::arg("params"), py::arg("lik_kind"), py::arg("lik_variance"),
-      py::arg("n_gh"), py::arg("Z"), py::arg("q_mu"), py::arg("q_sqrt"), py::arg("whiten"),
-      py::arg("X"), py::arg("y"), py::arg("scale"), py::arg("jitter"), py::arg("with_grad"),
+      py::arg("n_gh"), py::arg("num_classes"), py::arg("Z"), py::arg("q_mu"), py::arg("q_sqrt"),
+      py::arg("whiten"), py::arg("X"), py::arg("y"), py::arg("scale"), py::arg("jitter"),
+      py::arg("with_grad"), py::arg("natural") = false,
       "SVGP ELBO on a minibatch, for q_mu [M] and q_sqrt [M, M] (one latent function) or q_mu [M, L] "
       "and q_sqrt [L, M, M]. Returns (elbo, expected_log_lik, kl, extra_jitter, grads) with grads = "
-      "(d_q_mu, d_q_sqrt (shaped like their inputs), d_Z [M, D], d_kernel [P], d_lik_variance) or None.");
+      "(d_q_mu, d_q_sqrt (shaped like their inputs), d_Z [M, D], d_kernel [P], d_lik_variance) or None. "
+      "With natural=True the first two are instead d ELL / d m and d ELL / d S (symmetric, shaped like "
+      "q_sqrt) of the scaled expected log-likelihood alone, in q's coordinates (v when whitened, u "
+      "otherwise), for natural-gradient steps; the others are unchanged.");
 
   m.def(
       "svgp_predict_f",

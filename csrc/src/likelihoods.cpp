@@ -245,6 +245,10 @@ void validate(const Likelihood& lik) {
               (lik.variance > 0.0 && std::isfinite(lik.variance)),
           "the Gaussian likelihood variance must be positive and finite, got " +
               format_value(lik.variance));
+  require(lik.num_classes == 0,
+          std::string("the ") + name_of(lik.type) +
+              " likelihood has one latent function: num_classes must be 0, got " +
+              std::to_string(lik.num_classes));
   require(lik.n_gh >= 1 && lik.n_gh <= quadrature::kMaxGaussHermitePoints,
           "n_gh (Gauss-Hermite points) must be between 1 and " +
               std::to_string(quadrature::kMaxGaussHermitePoints) + ", got " + std::to_string(lik.n_gh));

@@ -1,5 +1,6 @@
 #include "pygpfast/linalg.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -118,6 +119,28 @@ double logdet_from_cholesky(ConstMatrixView L) {
   double s = 0.0;
   for (index_t i = 0; i < L.rows; ++i) s += std::log(L(i, i));
   return 2.0 * s;
+}
+
+void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G) {
+  const index_t M = A.rows, K = A.cols;
+  require(G.rows == M && G.cols == M, "weighted_gram: G must be [M, M] for A [M, K]");
+  bool any_positive = false;
+  for (index_t k = 0; k < K; ++k) any_positive |= g[k] > 0.0;
+  std::vector<double> root(static_cast<std::size_t>(K));
+  MatrixView W(W_scratch, M, K);
+  for (const double sign : {-1.0, 1.0}) {
+    if (sign > 0 && !any_positive) break;
+    for (index_t k = 0; k < K; ++k) root[k] = std::sqrt(std::max(sign * g[k], 0.0));
+    for (index_t m = 0; m < M; ++m) {
+      const double* a = A.row(m);
+      double* w = W.row(m);
+#pragma omp simd
+      for (index_t k = 0; k < K; ++k) w[k] = a[k] * root[k];
+    }
+    blas::syrk(blas::Uplo::Lower, blas::Trans::No, sign, W, sign < 0 ? 0.0 : 1.0, G);
+  }
+  for (index_t i = 0; i < M; ++i)
+    for (index_t j = i + 1; j < M; ++j) G(i, j) = G(j, i);
 }
 
 }  // namespace pygpfast::linalg

@@ -220,6 +220,30 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     blas::gemv(Trans::No, 1.0, AV, gmu.data(), 0.0, dmw.data());
   else
     blas::gemm(Trans::No, Trans::No, 1.0, AV, gmuV, 0.0, dmwV);
+
+  // Natural-gradient outputs: d ELL / d m_w = A gmu and d ELL / d S_w = A diag(gvar) A^T per
+  // latent function; in u-space (u = Lz v) they are Lz^-T (.) and Lz^-T (.) Lz^-1.
+  if (grads->ell_q_mu != nullptr) {
+    MatrixView out(grads->ell_q_mu, M, L);
+    for (index_t i = 0; i < M; ++i)
+      for (index_t l = 0; l < L; ++l) out(i, l) = dmwV(i, l);
+    if (!q.whiten) blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, out);
+  }
+  if (grads->ell_q_cov != nullptr) {
+    Scratch W(M * B);
+    Buffer gl(B);
+    for (index_t l = 0; l < L; ++l) {
+      for (index_t n = 0; n < B; ++n) gl[n] = gvar[n * L + l];
+      MatrixView G(grads->ell_q_cov + l * M * M, M, M);
+      linalg::weighted_gram(AV, gl.data(), W.data(), G);
+      if (!q.whiten) {
+        blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, G);
+        blas::trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, G);
+        for (index_t i = 0; i < M; ++i)  // symmetric up to rounding: make it exactly so
+          for (index_t j = 0; j < i; ++j) G(j, i) = G(i, j) = 0.5 * (G(i, j) + G(j, i));
+      }
+    }
+  }
   for (std::size_t i = 0; i < dmw.size(); ++i) dmw[i] -= mw[i];
 
   // Per latent function, with Tg_l = T_l diag(gvar_l) (in place):
@@ -265,20 +289,23 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   gemm_nt_lower(-1.0, dKzx, AV, dLzV);
 
   if (q.whiten) {
-    for (index_t i = 0; i < M; ++i)
-      for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
-    std::copy(dLw.begin(), dLw.end(), grads->q_sqrt);
+    if (grads->q_mu.data != nullptr)
+      for (index_t i = 0; i < M; ++i)
+        for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
+    if (grads->q_sqrt != nullptr) std::copy(dLw.begin(), dLw.end(), grads->q_sqrt);
   } else {
     // m_w = Lz^-1 m:  dm = Lz^-T dm_w,  dLz -= dm m_w^T
     blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, dmwV);
-    for (index_t i = 0; i < M; ++i)
-      for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
+    if (grads->q_mu.data != nullptr)
+      for (index_t i = 0; i < M; ++i)
+        for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
     blas::gemm(Trans::No, Trans::Yes, -1.0, dmwV, mwV, 1.0, dLzV);
     // L_w = Lz^-1 L:  W = Lz^-T tril(dL_w),  dL = tril(W),  dLz -= W L_w^T
     for (index_t l = 0; l < L; ++l) {
       const MatrixView W(dLw.data() + l * M * M, M, M);
       blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, W);
       blas::gemm(Trans::No, Trans::Yes, -1.0, W, Lw_of(l), 1.0, dLzV);
+      if (grads->q_sqrt == nullptr) continue;
       double* out = grads->q_sqrt + l * M * M;
       for (index_t i = 0; i < M; ++i)
         for (index_t j = 0; j < M; ++j) out[i * M + j] = j <= i ? W(i, j) : 0.0;

@@ -121,4 +121,21 @@ PYGPFAST_TEST(triangular_solve_inverts_trmm) {
   }
 }
 
+PYGPFAST_TEST(weighted_gram_handles_both_signs) {
+  const index_t M = 5, K = 13;
+  std::vector<double> A(M * K), W(M * K), G(M * M, -7.0);
+  for (index_t i = 0; i < M * K; ++i) A[i] = std::sin(1.3 * i + 0.2);
+  for (const bool mixed : {false, true}) {
+    std::vector<double> g(K);
+    for (index_t k = 0; k < K; ++k) g[k] = -0.5 - 0.1 * k + (mixed && k % 3 == 0 ? 2.0 : 0.0);
+    linalg::weighted_gram(ConstMatrixView(A.data(), M, K), g.data(), W.data(), MatrixView(G.data(), M, M));
+    for (index_t i = 0; i < M; ++i)
+      for (index_t j = 0; j < M; ++j) {
+        double s = 0.0;
+        for (index_t k = 0; k < K; ++k) s += A[i * K + k] * g[k] * A[j * K + k];
+        CHECK_NEAR(G[i * M + j], s, 1e-13);
+      }
+  }
+}
+
 PYGPFAST_TEST_MAIN

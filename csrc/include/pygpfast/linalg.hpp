@@ -35,4 +35,9 @@ void cholesky_downdate(MatrixView L, double* x);
 // log det(L L^T) = 2 sum log diag(L).
 double logdet_from_cholesky(ConstMatrixView L);
 
+// G = A diag(g) A^T for A [M, K] and weights g [K] of either sign, written in full (both
+// triangles) into G [M, M]. One SYRK on A diag(sqrt(max(-g, 0))) and, only when some g > 0, a
+// second on A diag(sqrt(max(g, 0))): M^2 K flops in all. W_scratch holds M * K doubles.
+void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G);
+
 }  // namespace pygpfast::linalg

@@ -36,13 +36,20 @@ struct Batch {
   double scale = 1.0;   // N / B: the minibatch estimate of the full-data sum
 };
 
-// Caller-allocated outputs (overwritten). Gradients of the ELBO (to be maximised).
+// Caller-allocated outputs (overwritten). Gradients of the ELBO (to be maximised). Z and
+// kernel are required; the others are skipped when null.
 struct Gradients {
   MatrixView q_mu;          // [M, L]
   double* q_sqrt = nullptr; // [L, M, M]: lower triangles, strict upper parts set to 0
   MatrixView Z;             // [M, D]
   double* kernel = nullptr; // [P] w.r.t. the kernel's positive parameters
   double* likelihood_variance = nullptr;  // scalar; Gaussian noise variance (0 for others)
+  // For natural-gradient steps on q: the gradients of the scaled expected log-likelihood alone
+  // (the KL term excluded) with respect to the mean m_l and the covariance S_l = L_l L_l^T of
+  // q, in the coordinates of q (v when whitened, u otherwise):
+  //   ell_q_mu[:, l] = d ELL / d m_l,  ell_q_cov[l] = d ELL / d S_l (symmetric).
+  double* ell_q_mu = nullptr;   // [M, L]
+  double* ell_q_cov = nullptr;  // [L, M, M]
 };
 
 struct Result {
