@@ -25,8 +25,9 @@ except ImportError as e:  # pragma: no cover - only when the extension is missin
         f"&& cmake --build build/dev`. Original error: {e}"
     ) from e
 
-from . import datasets, kernels, likelihoods, linalg, piecewise
+from . import cvi, datasets, kernels, likelihoods, linalg, piecewise
 from ._threads import get_num_threads, set_num_threads
+from .cvi import VGPClassifier, VGPPoissonRegressor
 from .svgp import SVGPClassifier, SVGPRegressor
 
 __version__ = "0.1.0"
@@ -36,6 +37,9 @@ __all__ = [
     "NumericalWarning",
     "SVGPClassifier",
     "SVGPRegressor",
+    "VGPClassifier",
+    "VGPPoissonRegressor",
+    "cvi",
     "datasets",
     "get_num_threads",
     "kernels",

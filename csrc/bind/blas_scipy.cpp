@@ -34,6 +34,7 @@ void bind_blas(py::module_& m) {
   t.dtrsv = reinterpret_cast<blas::dtrsv_t>(capsule_pointer(b, bm, "dtrsv"));
   t.dsymv = reinterpret_cast<blas::dsymv_t>(capsule_pointer(b, bm, "dsymv"));
   t.dger = reinterpret_cast<blas::dger_t>(capsule_pointer(b, bm, "dger"));
+  t.dsyr = reinterpret_cast<blas::dsyr_t>(capsule_pointer(b, bm, "dsyr"));
   t.ddot = reinterpret_cast<blas::ddot_t>(capsule_pointer(b, bm, "ddot"));
   t.daxpy = reinterpret_cast<blas::daxpy_t>(capsule_pointer(b, bm, "daxpy"));
   t.dscal = reinterpret_cast<blas::dscal_t>(capsule_pointer(b, bm, "dscal"));

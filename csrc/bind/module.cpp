@@ -39,4 +39,5 @@ PYBIND11_MODULE(_core, m) {
   pygpfast::bind::bind_svgp(m);
   pygpfast::bind::bind_piecewise(m);
   pygpfast::bind::bind_svgp_mf(m);
+  pygpfast::bind::bind_cvi(m);
 }

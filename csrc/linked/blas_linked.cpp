@@ -12,6 +12,7 @@ void dgemv_(char*, int*, int*, double*, double*, int*, double*, int*, double*, d
 void dtrsv_(char*, char*, char*, int*, double*, int*, double*, int*);
 void dsymv_(char*, int*, double*, double*, int*, double*, int*, double*, double*, int*);
 void dger_(int*, int*, double*, double*, int*, double*, int*, double*, int*);
+void dsyr_(char*, int*, double*, double*, int*, double*, int*);
 double ddot_(int*, double*, int*, double*, int*);
 void daxpy_(int*, double*, double*, int*, double*, int*);
 void dscal_(int*, double*, double*, int*);
@@ -33,6 +34,7 @@ void install_linked_blas() {
   t.dtrsv = dtrsv_;
   t.dsymv = dsymv_;
   t.dger = dger_;
+  t.dsyr = dsyr_;
   t.ddot = ddot_;
   t.daxpy = daxpy_;
   t.dscal = dscal_;

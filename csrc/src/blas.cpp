@@ -40,8 +40,8 @@ void check(bool ok, const char* routine, const char* what) {
 
 const std::vector<std::string>& routine_names() {
   static const std::vector<std::string> names = {
-      "dgemm", "dsyrk", "dtrsm", "dtrmm",  "dgemv",  "dtrsv",  "dsymv", "dger",
-      "ddot",  "daxpy", "dscal", "dpotrf", "dpotri", "dtrtri", "dpotrs"};
+      "dgemm", "dsyrk", "dtrsm",  "dtrmm",  "dgemv",  "dtrsv",  "dsymv", "dger",
+      "dsyr",  "ddot",  "daxpy", "dscal",  "dpotrf", "dpotri", "dtrtri", "dpotrs"};
   return names;
 }
 
@@ -50,10 +50,10 @@ void set_table(const Table& t) {
                         reinterpret_cast<const void*>(t.dtrsm),  reinterpret_cast<const void*>(t.dtrmm),
                         reinterpret_cast<const void*>(t.dgemv),  reinterpret_cast<const void*>(t.dtrsv),
                         reinterpret_cast<const void*>(t.dsymv),  reinterpret_cast<const void*>(t.dger),
-                        reinterpret_cast<const void*>(t.ddot),   reinterpret_cast<const void*>(t.daxpy),
-                        reinterpret_cast<const void*>(t.dscal),  reinterpret_cast<const void*>(t.dpotrf),
-                        reinterpret_cast<const void*>(t.dpotri), reinterpret_cast<const void*>(t.dtrtri),
-                        reinterpret_cast<const void*>(t.dpotrs)};
+                        reinterpret_cast<const void*>(t.dsyr),   reinterpret_cast<const void*>(t.ddot),
+                        reinterpret_cast<const void*>(t.daxpy),  reinterpret_cast<const void*>(t.dscal),
+                        reinterpret_cast<const void*>(t.dpotrf), reinterpret_cast<const void*>(t.dpotri),
+                        reinterpret_cast<const void*>(t.dtrtri), reinterpret_cast<const void*>(t.dpotrs)};
   std::string missing;
   for (std::size_t i = 0; i < routine_names().size(); ++i)
     if (ptrs[i] == nullptr) missing += (missing.empty() ? "" : ", ") + routine_names()[i];
@@ -174,6 +174,14 @@ void ger(double alpha, const double* x, const double* y, MatrixView A) {
   int im = to_int(A.cols, "ger"), in = to_int(A.rows, "ger"), la = ld_of(A), one = 1;
   table().dger(&im, &in, &alpha, const_cast<double*>(y), &one, const_cast<double*>(x), &one,
                A.data, &la);
+}
+
+void syr(Uplo uplo, double alpha, const double* x, MatrixView A) {
+  check(A.rows == A.cols, "syr", "A must be square");
+  if (A.rows == 0) return;
+  char ul = flip_uplo(uplo);
+  int in = to_int(A.rows, "syr"), la = ld_of(A), one = 1;
+  table().dsyr(&ul, &in, &alpha, const_cast<double*>(x), &one, A.data, &la);
 }
 
 double dot(index_t n, const double* x, const double* y) {

@@ -53,15 +53,9 @@ double mass_between(const Knot& lo, const Knot& hi) {
 // z phi(z), exactly 0 at the cut (and at z = +-inf).
 double z_phi(const Knot& k) { return k.phi == 0.0 ? 0.0 : k.z * k.phi; }
 
-struct Result {
-  double value;
-  double dm;
-  double dv;
-};
-
 // v == 0: the bound itself at m (right piece at a breakpoint, as B is defined on [l, h)), its
 // slope there and d/dv -> B''(m) / 2 = a (the limits as v -> 0+ away from the breakpoints).
-Result at_point(const Bound& bound, double m) {
+Expectation at_point(const Bound& bound, double m) {
   const index_t R = bound.pieces();
   const auto first = bound.knots.begin() + 1;
   const auto last = bound.knots.begin() + R;
@@ -79,7 +73,7 @@ Result at_point(const Bound& bound, double m) {
 //   d/dm = sum_r [q'(m) M0 + 2 a s (phi_lo - phi_hi)] + sum_k dq N(t_k)
 //   d/dv = sum_r a M0 + sum_k N(t_k) (dq z_k / s + dq') / 2.
 // (The jump terms are why d/dm is not E[B'] when B is discontinuous.)
-Result expected_at(const Bound& bound, double m, double v) {
+Expectation expected_at(const Bound& bound, double m, double v) {
   const index_t R = bound.pieces();
   const double s = std::sqrt(v);
   double value = 0.0, dm = 0.0, dv = 0.0;
@@ -121,6 +115,10 @@ void check_points(const double* m, const double* v, index_t n) {
 }
 
 }  // namespace
+
+Expectation expected_bound_at(const Bound& bound, double m, double v) {
+  return v > 0.0 ? expected_at(bound, m, v) : at_point(bound, m);
+}
 
 // (Messages are built only on failure: expected_bound validates on every call, also for n = 1.)
 void validate(const Bound& bound) {
@@ -169,7 +167,7 @@ void expected_bound(const Bound& bound, const double* m, const double* v, index_
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
 #endif
   for (index_t i = 0; i < n; ++i) {
-    const Result res = v[i] > 0.0 ? expected_at(bound, m[i], v[i]) : at_point(bound, m[i]);
+    const Expectation res = expected_bound_at(bound, m[i], v[i]);
     value[i] = res.value;
     if (dm != nullptr) dm[i] = res.dm;
     if (dv != nullptr) dv[i] = res.dv;

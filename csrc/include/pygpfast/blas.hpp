@@ -30,6 +30,7 @@ using dtrsv_t = void (*)(char*, char*, char*, int*, double*, int*, double*, int*
 using dsymv_t = void (*)(char*, int*, double*, double*, int*, double*, int*, double*, double*,
                          int*);
 using dger_t = void (*)(int*, int*, double*, double*, int*, double*, int*, double*, int*);
+using dsyr_t = void (*)(char*, int*, double*, double*, int*, double*, int*);
 using ddot_t = double (*)(int*, double*, int*, double*, int*);
 using daxpy_t = void (*)(int*, double*, double*, int*, double*, int*);
 using dscal_t = void (*)(int*, double*, double*, int*);
@@ -47,6 +48,7 @@ struct Table {
   dtrsv_t dtrsv = nullptr;
   dsymv_t dsymv = nullptr;
   dger_t dger = nullptr;
+  dsyr_t dsyr = nullptr;
   ddot_t ddot = nullptr;
   daxpy_t daxpy = nullptr;
   dscal_t dscal = nullptr;
@@ -88,6 +90,8 @@ void trsv(Uplo uplo, Trans t, Diag d, ConstMatrixView A, double* x);
 void symv(Uplo uplo, double alpha, ConstMatrixView A, const double* x, double beta, double* y);
 // A += alpha * x y^T
 void ger(double alpha, const double* x, const double* y, MatrixView A);
+// A += alpha * x x^T on the `uplo` triangle of the symmetric A (contiguous x)
+void syr(Uplo uplo, double alpha, const double* x, MatrixView A);
 double dot(index_t n, const double* x, const double* y);
 void axpy(index_t n, double alpha, const double* x, double* y);
 void scal(index_t n, double alpha, double* x);

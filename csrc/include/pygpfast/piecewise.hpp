@@ -31,4 +31,13 @@ void validate(const Bound& bound);
 void expected_bound(const Bound& bound, const double* m, const double* v, index_t n, double* value,
                     double* dm, double* dv);
 
+// The same for one point, without validation: for callers that validated the bound once and
+// evaluate it point by point (the scalar solves of cvi.hpp). Requires v >= 0.
+struct Expectation {
+  double value;
+  double dm;
+  double dv;
+};
+Expectation expected_bound_at(const Bound& bound, double m, double v);
+
 }  // namespace pygpfast::piecewise

@@ -1,0 +1,196 @@
+// Concave variational inference for full (non-sparse) GP models with non-conjugate likelihoods
+// (Khan, Mohamed & Murphy 2012, seed 004), with the piecewise bounds of Marlin, Khan & Murphy
+// 2011 (piecewise.hpp).
+//
+// Model. L latent functions z_l ~ N(mean_l 1, Sigma), independent, Sigma [N, N] shared; for each
+// point n a likelihood p(y_n | z_n) of the vector z_n = (z_1n, ..., z_Ln). The posterior
+// approximation is q(z_l) = N(m_l, V_l). The bound (eq. 6) is
+//   L = sum_l 1/2 [log|V_l Omega| - tr(V_l Omega) - (m_l - mean_l)^T Omega (m_l - mean_l) + N]
+//       + sum_n f_b(y_n, m_n, v_n),        Omega = Sigma^-1, v_ln = [V_l]_nn,
+// with a local variational bound f_b <= E_q[log p(y_n | z_n)] in closed form (LocalBound).
+// A joint q over all L N values loses nothing: f_b sees only the marginal variances, so at the
+// optimum V^-1 = Omega - 2 diag(g^v) is block diagonal across latent functions (eq. 8).
+//
+// Parameterisation. Everything is stored through alpha_l = Omega (m_l - mean_l) and the site
+// precisions lambda_l (K_l = V_l^-1 = Omega + diag(lambda_l), eq. 9 with the optimum's form),
+// so Omega is never formed and Sigma may be singular:
+//   m_l = mean_l + Sigma alpha_l,  V_l = (Omega + Lambda_l)^-1,
+//   log|V_l Omega| = -log|I + Lambda_l Sigma|,  tr(V_l Omega) = N - sum_n lambda_ln v_ln.
+// At the optimum alpha = g^m and lambda = -2 g^v (eqs. 7-8).
+//
+// Algorithm 1 (section 6), per outer iteration:
+//  (a) for every latent l and point i, with m fixed: the cavity precision c = 1/v_ii - lambda_i
+//      (= Omega_ii - k~_22 of eq. 13, since k_ii = Omega_ii + lambda_i) is held, and v_ii
+//      maximises log v - c v + 2 f_b(v) (eq. 16) by the fixed-point iteration
+//      v <- 1 / (c - 2 g^v(v)), guarded (below); then lambda_i = 1/v - c and V gets the
+//      rank-one update V += (v - v_old) / v_old^2 V[:, i] V[:, i]^T (eqs. 19-20, whose sign in
+//      eq. 19 is a typo: the column scales by v / v_old). log|I + Lambda Sigma| follows each
+//      update exactly: it grows by log(v_old / v).
+//  (b) m by Newton's method on eq. (21) with V fixed, as in GPML's Laplace mode (B = I +
+//      W^1/2 Sigma W^1/2, W = -d^2 f_b / dm^2 clipped at 0), with a backtracking line search;
+//      multi-class likelihoods take one Newton step per latent function in turn.
+// Blocked form of (a): the coordinates of a block J of b points are updated one after another
+// exactly as above using only the b x b block of V (O(b^2) each), and the accumulated rank-b
+// update V += U diag(s) U^T is applied at the end of the block with two SYRKs (BLAS 3). The
+// iterates are those of the literal rank-one algorithm (block_size = 1, BLAS 2, one DSYR per
+// coordinate), in N^3 flops per sweep instead of N^3 flops of memory-bound rank-one updates.
+// Only the lower triangle of V is updated during a sweep.
+//
+// Guards. The seed's argument that each scalar problem is concave does not hold for the
+// piecewise bounds (its expectation is not jointly concave in (m, v), and the bound jumps at its
+// breakpoints): the fixed-point iteration may leave (0, inf), oscillate, or end at a point with a
+// lower scalar objective. Then the root of the scalar stationarity condition is bracketed in
+// log v and found by safeguarded secant steps, and a result that lowers the scalar objective
+// is refused (the site keeps its value). The coordinate updates are not exact coordinate
+// ascent of the bound itself (the other sites' variances move too), so a sweep can lower the
+// bound; a sweep that does is undone and repeated with damped site updates (lambda moves by a
+// fraction rho of its step, rho = 1/2, 1/4, ...). The Newton step for m is monotone by its line
+// search. So the bound never decreases from one outer iteration to the next.
+//
+// Warm starts. The starting alpha and lambda may be any (lambda with Omega + Lambda positive
+// definite); V = (Omega + Lambda)^-1 is then built from V = Sigma by one pass of the same
+// blocked rank-one updates that sets each lambda_i to its starting value (N^3 flops, no
+// Cholesky). alpha = lambda = 0 is Algorithm 1's initialisation (V = Sigma, m = mean).
+//
+// Hyperparameters. At the optimum the gradient of the bound with respect to Sigma is (envelope
+// theorem) G = 1/2 sum_l [alpha_l alpha_l^T - Pi_l], Pi_l = (Sigma + Lambda_l^-1)^-1 =
+// Lambda_l - Lambda_l V_l Lambda_l (O(N^2) from V; no extra factorisation), d/dmean_l =
+// sum_n alpha_ln, and d/dthresholds = sum_n d f_b / d thresholds.
+//
+// Prediction at new inputs: mean = mean_l + K_*^T alpha_l, var = k_** - diag(K_*^T Pi_l K_*).
+//
+// Flop counts (Result::flops) are exact operation counts of the BLAS/LAPACK calls made (GEMM
+// 2mnk, SYRK n^2 k, SYR n^2, POTRF n^3/3, TRSV n^2, SYMV 2 n^2, ...) plus the O(N^2)
+// elementwise passes; local-bound evaluations (per point and latent function) are counted
+// separately (Result::bound_evaluations).
+#pragma once
+
+#include <vector>
+
+#include "pygpfast/kernels.hpp"
+#include "pygpfast/piecewise.hpp"
+#include "pygpfast/view.hpp"
+
+namespace pygpfast::cvi {
+
+// Local variational bounds f_b(y, m, v) <= E_{N(z | m, v)}[log p(y | z)] of Table 1 of the
+// seed, with llp(x) = log(1 + e^x) replaced by a piecewise upper bound B >= llp:
+enum class LocalBoundType : int {
+  BernoulliLogit = 0,  // y in {0, 1}; 1 latent: y m - E[B(z)]
+  Poisson = 1,         // y in {0, 1, ...}; 1 latent: y m - exp(m + v/2) - log y!  (exact)
+  Multinomial = 2,     // y in {0..C-1}; C latents: m_y - lse(m + v/2)  (Blei & Lafferty)
+  StickBreaking = 3,   // y in {0..C-1}; C-1 latents: log p(y = k) = log sigmoid(z_k)
+                       //   + sum_{j<k} log sigmoid(-z_j) (no first term for k = C-1),
+                       //   each log sigmoid(+-z) = (z or 0) - llp(z) bounded by B
+  Ordinal = 4,         // y in {0..K-1}; 1 latent; cumulative logit p(y <= k) = sigmoid(phi_k - z):
+                       //   log p(y = k) = (phi_k - z) - llp(phi_k - z) - llp(phi_{k-1} - z)
+                       //   + log(1 - exp(phi_{k-1} - phi_k)) inside, one llp term at the ends
+};
+
+struct LocalBound {
+  LocalBoundType type = LocalBoundType::BernoulliLogit;
+  piecewise::Bound llp;             // BernoulliLogit, StickBreaking, Ordinal
+  int num_classes = 0;              // C (Multinomial, StickBreaking) or K (Ordinal); else 0
+  std::vector<double> thresholds;   // Ordinal: the K - 1 increasing cut points phi
+  index_t num_latent() const;       // L
+  index_t num_thresholds() const { return static_cast<index_t>(thresholds.size()); }
+};
+
+// Throws std::invalid_argument unless the description is well formed.
+void validate(const LocalBound& lb);
+
+// Throws std::invalid_argument naming the first label outside the likelihood's support.
+void check_labels(const LocalBound& lb, const double* y, index_t n);
+
+// For every point n < N with latent marginals m, v [L, N] (latent-major: m[l * N + n]):
+//   value[n] = f_b(y_n, m_n, v_n), and [L, N] arrays dm = df_b/dm, dv = df_b/dv and
+//   d2m = d^2 f_b / dm_l^2 (the diagonal of the Hessian in m), and, for Ordinal,
+//   dthresholds [K-1] = sum_n d f_b / d phi. Any output but value may be null.
+// OpenMP over points; results do not depend on the thread count.
+void local_bounds(const LocalBound& lb, const double* y, index_t N, const double* m,
+                  const double* v, double* value, double* dm, double* dv, double* d2m,
+                  double* dthresholds);
+
+// Point n's bound as a function of one latent variance, for the scalar solves: value = f_b (up
+// to terms that do not depend on v_l) and lambda = -2 d f_b / d v_l at v_l, with the other
+// latents at m[j * stride], v[j * stride] (pointers to point n's latent 0).
+struct SiteBound {
+  double value;
+  double lambda;
+};
+SiteBound site_bound(const LocalBound& lb, double y, const double* m, const double* v,
+                     index_t stride, index_t l, double v_l);
+
+struct Options {
+  int max_iter = 200;          // outer iterations (sweep + Newton on m)
+  double tol = 1e-10;          // stop when an outer iteration raises the bound by less than
+                               //   tol * max(1, |bound|), or when the site residuals predict
+                               //   less than that for the next one (cvi.cpp)
+  index_t block_size = 64;     // coordinates per block; 1 = literal rank-one updates (BLAS 2)
+  double skip_tol = 0.0;       // a coordinate whose variance would change by at most
+                               //   skip_tol * v is left as it is (no rank-one update)
+  int max_newton = 30;         // Newton iterations for m per outer iteration
+  int max_damping = 8;         // halvings of rho for a sweep that lowers the bound
+  bool record_history = true;  // fill Result::history
+};
+
+// State after each outer iteration (index 0: the starting point).
+struct Record {
+  double bound;
+  double flops;    // cumulative
+  double bound_evaluations;  // cumulative
+  double seconds;  // cumulative wall time
+};
+
+struct Result {
+  double bound = 0.0;
+  int iterations = 0;
+  bool converged = false;
+  double flops = 0.0;
+  double bound_evaluations = 0.0;
+  double max_residual_alpha = 0.0;   // max |alpha - g^m| at the end (eq. 7)
+  double max_residual_lambda = 0.0;  // max |lambda + 2 g^v| at the end (eq. 8)
+  int damped_sweeps = 0;             // sweeps repeated with damping (bound would have dropped)
+  int bracketed_solves = 0;          // scalar solves that left the plain fixed-point iteration
+  int refused_solves = 0;            // scalar solves whose result was refused
+  std::vector<Record> history;
+};
+
+// Algorithm 1 from the starting point (alpha, lambda) [L, N] (overwritten by the solution).
+// Sigma [N, N] symmetric (both triangles), mean [L]. When V_out [L, N, N] is not null, it
+// receives the posterior covariances (both triangles). Throws std::invalid_argument for bad
+// input, LinAlgError when the starting lambda does not give a positive-definite Omega + Lambda.
+Result infer(const LocalBound& lb, const double* y, ConstMatrixView Sigma, const double* mean,
+             double* alpha, double* lambda, const Options& opt, double* V_out);
+
+// Outputs of fit_step (caller-allocated; null to skip, except dkernel when gradients are asked).
+struct Gradients {
+  double* kernel = nullptr;      // [P] w.r.t. the kernel's positive parameters
+  double* mean = nullptr;        // [L]
+  double* thresholds = nullptr;  // [K-1] (Ordinal)
+};
+
+// One evaluation of the hyperparameter objective: Sigma = K(X, X), inference from the warm
+// start (alpha, lambda) (overwritten), the bound at the optimum and, when grads is not null,
+// its gradients (envelope theorem, see above). When Pi_out [L, N, N] is not null it receives
+// Pi_l = Lambda_l - Lambda_l V_l Lambda_l for prediction.
+Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrixView X,
+                const double* y, const double* mean, double* alpha, double* lambda,
+                const Options& opt, Gradients* grads, double* Pi_out);
+
+// The Opper-Archambeau objective (eq. 11): the same bound at m_l = mean_l + Sigma alpha_l,
+// V_l = (Omega + Lambda_l)^-1, lambda >= 0, with its gradients [L, N] in alpha and lambda
+// (d/dalpha = Sigma (g^m - alpha), d/dlambda_i = -1/2 sum_j V_ij^2 (lambda_j + 2 g^v_j)).
+// 7/3 N^3 flops per latent (POTRF of B = I + Lambda^1/2 Sigma Lambda^1/2, TRSM, SYRK for V).
+// Adds its flops and bound evaluations to *flops and *evaluations when they are not null.
+double oa_objective(const LocalBound& lb, const double* y, ConstMatrixView Sigma,
+                    const double* mean, const double* alpha, const double* lambda,
+                    double* dalpha, double* dlambda, double* flops, double* evaluations);
+
+// Latent marginals at new inputs Xnew [T, D]: mean_out, var_out [T, L] from the training
+// inputs X [N, D], mean [L], alpha [L, N] and Pi [L, N, N] of fit_step.
+void predict_f(const kernels::Kernel& kernel, ConstMatrixView X, const double* mean,
+               const double* alpha, const double* Pi, index_t L, ConstMatrixView Xnew,
+               MatrixView mean_out, MatrixView var_out);
+
+}  // namespace pygpfast::cvi

@@ -1,0 +1,674 @@
+// Concave variational inference (seed 004, Algorithm 1): see cvi.hpp for the method.
+#include "pygpfast/cvi.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "pygpfast/blas.hpp"
+#include "pygpfast/errors.hpp"
+
+namespace pygpfast::cvi {
+namespace {
+
+using blas::Diag;
+using blas::Side;
+using blas::Trans;
+using blas::Uplo;
+using Buffer = std::vector<double>;
+using Clock = std::chrono::steady_clock;
+
+// Work counted for Result::flops and Result::bound_evaluations.
+struct Counter {
+  double flops = 0.0;
+  double evaluations = 0.0;
+  void add(double f) { flops += f; }
+  void evaluate(double points) { evaluations += points; }
+};
+
+double fixed_order_sum(const double* x, index_t n) {
+  double s = 0.0;
+  for (index_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+// Copy the lower triangle of A into its upper triangle.
+void mirror_lower(MatrixView A) {
+  for (index_t i = 0; i < A.rows; ++i)
+    for (index_t j = 0; j < i; ++j) A(j, i) = A(i, j);
+}
+
+void check_sigma(ConstMatrixView Sigma) {
+  require(Sigma.rows == Sigma.cols, "cvi: Sigma must be square, got " +
+                                        std::to_string(Sigma.rows) + "x" +
+                                        std::to_string(Sigma.cols));
+  require(Sigma.rows >= 1, "cvi: need at least one data point");
+  for (index_t i = 0; i < Sigma.rows; ++i)
+    for (index_t j = 0; j <= i; ++j)
+      if (!std::isfinite(Sigma(i, j)))
+        throw std::invalid_argument("cvi: Sigma has a non-finite entry at (" + std::to_string(i) +
+                                    ", " + std::to_string(j) + ")");
+}
+
+// The lower Cholesky factor of B = I + diag(s) Sigma diag(s) in place, with its flops counted.
+// B >= I, so a failure means Sigma is far from positive semi-definite.
+void factor_b(ConstMatrixView Sigma, const double* s, MatrixView B, Counter& count) {
+  const index_t N = Sigma.rows;
+  for (index_t i = 0; i < N; ++i) {
+    for (index_t j = 0; j <= i; ++j) B(i, j) = s[i] * Sigma(i, j) * s[j];
+    B(i, i) += 1.0;
+  }
+  const int info = blas::potrf_lower(B);
+  if (info != 0)
+    throw LinAlgError("dpotrf", info,
+                      "I + W^1/2 Sigma W^1/2 is not positive definite, so the kernel matrix is "
+                      "not positive semi-definite; check the kernel");
+  count.add(2.0 * static_cast<double>(N) * N + static_cast<double>(N) * N * N / 3.0);
+}
+
+// The inference state: the caller's alpha and lambda [L, N], m and v [L, N], V_l [N, N] (the
+// lower triangles are kept current) and log|I + Lambda_l Sigma| per latent function.
+class Inference {
+ public:
+  Inference(const LocalBound& lb, const double* y, ConstMatrixView Sigma, const double* mean,
+            double* alpha, double* lambda, const Options& opt)
+      : lb_(lb), y_(y), Sigma_(Sigma), mean_(mean), alpha_(alpha), lambda_(lambda), opt_(opt),
+        N_(Sigma.rows), L_(lb.num_latent()) {
+    validate(lb);
+    check_sigma(Sigma);
+    check_labels(lb, y, N_);
+    require(opt.max_iter >= 0 && opt.block_size >= 1 && opt.max_newton >= 0 &&
+                opt.max_damping >= 0 && opt.tol >= 0 && opt.skip_tol >= 0,
+            "cvi: invalid options (max_iter, max_newton, max_damping >= 0; block_size >= 1; "
+            "tol, skip_tol >= 0)");
+    for (index_t i = 0; i < L_ * N_; ++i) {
+      require(std::isfinite(alpha[i]), "cvi: alpha has a non-finite entry");
+      require(std::isfinite(lambda[i]), "cvi: lambda has a non-finite entry");
+    }
+    for (index_t l = 0; l < L_; ++l) require(std::isfinite(mean[l]), "cvi: mean must be finite");
+    const auto NN = static_cast<std::size_t>(N_ * N_);
+    V_.resize(static_cast<std::size_t>(L_) * NN);
+    m_.resize(static_cast<std::size_t>(L_ * N_));
+    v_.resize(static_cast<std::size_t>(L_ * N_));
+    logdet_.assign(static_cast<std::size_t>(L_), 0.0);
+    f_.resize(static_cast<std::size_t>(N_));
+    dm_.resize(m_.size());
+    dv_.resize(m_.size());
+    d2m_.resize(m_.size());
+    start_ = Clock::now();
+    // V = (Omega + Lambda)^-1 from V = Sigma by setting each lambda_i to its starting value.
+    const Buffer target(lambda, lambda + L_ * N_);
+    std::fill(lambda, lambda + L_ * N_, 0.0);
+    for (index_t l = 0; l < L_; ++l) {
+      MatrixView V = V_of(l);
+      for (index_t i = 0; i < N_; ++i) std::copy(Sigma.row(i), Sigma.row(i) + N_, V.row(i));
+      const double* t = target.data() + l * N_;
+      const bool warm = std::any_of(t, t + N_, [](double x) { return x != 0.0; });
+      warm_ = warm_ || warm;
+      if (warm)
+        sweep(l, [&](index_t i, double /*v_old*/, double c) {
+          if (!(c + t[i] > 0.0))
+            throw LinAlgError("cvi", static_cast<int>(i + 1),
+                              "the starting site precisions do not give a positive-definite "
+                              "posterior precision Omega + Lambda (site " +
+                                  std::to_string(i) + "); start from lambda = 0");
+          return 1.0 / (c + t[i]);
+        });
+      else
+        refresh_variances(l);
+      compute_mean(l);
+    }
+  }
+
+  Result run() {
+    // From a warm start (lambda != 0) the means are refitted to the prior first: the sweep
+    // that follows then sees means close to their new optimum.
+    if (warm_ && opt_.max_iter > 0) {
+      for (index_t l = 0; l < L_; ++l) newton(l);
+    }
+    double bound = evaluate();
+    record(bound);
+    Buffer saved_V, saved_lambda, saved_logdet;
+    for (int it = 1; it <= opt_.max_iter; ++it) {
+      const double previous = bound;
+      // (a) the variances, guarded: a sweep that lowers the bound is undone and damped.
+      saved_V = V_;
+      saved_lambda.assign(lambda_, lambda_ + L_ * N_);
+      saved_logdet = logdet_;
+      count_.add(static_cast<double>(V_.size()));
+      double rho = 1.0;
+      for (int attempt = 0;; ++attempt) {
+        for (index_t l = 0; l < L_; ++l)
+          sweep(l, [&](index_t i, double v_old, double c) { return solve_site(l, i, v_old, c, rho); });
+        const double after = evaluate();
+        if (after >= previous - slack(previous)) {
+          bound = after;
+          break;
+        }
+        V_ = saved_V;
+        std::copy(saved_lambda.begin(), saved_lambda.end(), lambda_);
+        logdet_ = saved_logdet;
+        for (index_t l = 0; l < L_; ++l) refresh_variances(l);
+        ++result_.damped_sweeps;
+        if (attempt >= opt_.max_damping) {  // keep the variances as they were
+          bound = evaluate();
+          break;
+        }
+        rho *= 0.5;
+      }
+      // (b) the means by Newton's method (monotone by its line search).
+      for (index_t l = 0; l < L_; ++l) newton(l);
+      bound = evaluate();
+      result_.iterations = it;
+      record(bound);
+      const double target = opt_.tol * std::max(1.0, std::fabs(bound));
+      if (bound - previous <= target || 4.0 * sweep_gain_estimate() <= target) {
+        result_.converged = true;
+        break;
+      }
+    }
+    result_.bound = bound;
+    residuals();
+    result_.flops = count_.flops;
+    result_.bound_evaluations = count_.evaluations;
+    return result_;
+  }
+
+  index_t N() const { return N_; }
+  index_t L() const { return L_; }
+  MatrixView V_of(index_t l) { return MatrixView(V_.data() + l * N_ * N_, N_, N_); }
+  const Buffer& m() const { return m_; }
+  const Buffer& v() const { return v_; }
+  Counter& counter() { return count_; }
+
+ private:
+  // Rounding slack when comparing bounds.
+  static double slack(double bound) { return 1e-12 * std::max(1.0, std::fabs(bound)); }
+
+  void record(double bound) {
+    if (!opt_.record_history) return;
+    const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    result_.history.push_back({bound, count_.flops, count_.evaluations, seconds});
+  }
+
+  // m_l = mean_l + Sigma alpha_l
+  void compute_mean(index_t l) {
+    double* m = m_.data() + l * N_;
+    std::fill(m, m + N_, mean_[l]);
+    blas::symv(Uplo::Lower, 1.0, Sigma_, alpha_ + l * N_, 1.0, m);
+    count_.add(2.0 * static_cast<double>(N_) * N_);
+  }
+
+  void refresh_variances(index_t l) {
+    const MatrixView V = V_of(l);
+    for (index_t i = 0; i < N_; ++i) v_[l * N_ + i] = V(i, i);
+  }
+
+  // The bound at (m, v): sum_n f_b + sum_l 1/2 [-log|I + Lambda_l Sigma| + lambda_l . v_l
+  // - alpha_l . (m_l - mean_l)]; also leaves f_b's derivatives in dm_, dv_, d2m_.
+  double evaluate() {
+    local_bounds(lb_, y_, N_, m_.data(), v_.data(), f_.data(), dm_.data(), dv_.data(), d2m_.data(),
+                 nullptr);
+    count_.evaluate(static_cast<double>(N_ * L_));
+    double bound = fixed_order_sum(f_.data(), N_);
+    for (index_t l = 0; l < L_; ++l) {
+      const double *a = alpha_ + l * N_, *lam = lambda_ + l * N_;
+      const double *m = m_.data() + l * N_, *v = v_.data() + l * N_;
+      double s = -logdet_[l];
+      for (index_t n = 0; n < N_; ++n) s += lam[n] * v[n] - a[n] * (m[n] - mean_[l]);
+      bound += 0.5 * s;
+    }
+    return bound;
+  }
+
+  // One pass over the coordinates of latent l. For coordinate i the rule maps (i, v_old, c)
+  // to the new marginal variance v (c = 1/v_old - lambda_i is held); then lambda_i = 1/v - c
+  // and V += (v - v_old)/v_old^2 V[:, i] V[:, i]^T (eqs. 19-20). Blocked as in cvi.hpp: the
+  // columns u_t = V[:, j_t] at the time of their update are W0 c_t for the block's starting
+  // columns W0 = V[:, J], with c_t = e_t + sum_{r<t} s_r u_r[j_t] c_r, so the block's
+  // updates add U diag(s) U^T with U = W0 [c_0 .. c_{b-1}].
+  template <class Rule>
+  void sweep(index_t l, Rule&& rule) {
+    const index_t N = N_, b = std::min(opt_.block_size, N);
+    MatrixView V = V_of(l);
+    double* lam = lambda_ + l * N;
+    double& logdet = logdet_[l];
+    // Applies the rule to coordinate i with current variance v_old; returns s.
+    auto update = [&](index_t i, double v_old) {
+      const double c = 1.0 / v_old - lam[i];
+      const double v_new = rule(i, v_old, c);
+      lam[i] = 1.0 / v_new - c;
+      logdet += std::log(v_old / v_new);
+      return (v_new - v_old) / (v_old * v_old);
+    };
+    if (b == 1) {  // the literal algorithm: one BLAS-2 rank-one update (DSYR) per coordinate
+      Buffer u(static_cast<std::size_t>(N));
+      for (index_t i = 0; i < N; ++i) {
+        for (index_t p = 0; p < N; ++p) u[p] = p <= i ? V(i, p) : V(p, i);
+        const double s = update(i, u[i]);
+        if (s != 0.0) blas::syr(Uplo::Lower, s, u.data(), V);
+        count_.add(static_cast<double>(N) * N);
+      }
+      refresh_variances(l);
+      return;
+    }
+    Buffer W0(static_cast<std::size_t>(b * N)), U(static_cast<std::size_t>(b * N));
+    Buffer G(static_cast<std::size_t>(b * b)), Cm(static_cast<std::size_t>(b * b));
+    Buffer Ub(static_cast<std::size_t>(b * b)), s(static_cast<std::size_t>(b));
+    Buffer Upos(static_cast<std::size_t>(b * N)), Uneg(static_cast<std::size_t>(b * N));
+    for (index_t J0 = 0; J0 < N; J0 += b) {
+      const index_t nb = std::min(b, N - J0);
+      // W0 row t = column J0 + t of V, read from the lower triangle; G = V[J, J].
+      for (index_t t = 0; t < nb; ++t) {
+        const index_t j = J0 + t;
+        double* w = W0.data() + t * N;
+        std::copy(V.row(j), V.row(j) + j + 1, w);
+        for (index_t p = j + 1; p < N; ++p) w[p] = V(p, j);
+      }
+      for (index_t t = 0; t < nb; ++t)
+        for (index_t r = 0; r < nb; ++r) G[t * nb + r] = W0[t * N + J0 + r];
+      std::fill(Cm.begin(), Cm.begin() + nb * nb, 0.0);  // Cm[r * nb + t] = (c_t)_r
+      for (index_t t = 0; t < nb; ++t) {
+        s[t] = update(J0 + t, G[t * nb + t]);
+        for (index_t r = 0; r < nb; ++r) Ub[r * nb + t] = G[r * nb + t];  // u_t on the block
+        Cm[t * nb + t] = 1.0;
+        for (index_t q = 0; q < t; ++q) {
+          const double w = s[q] * Ub[t * nb + q];
+          if (w != 0.0)
+            for (index_t r = 0; r < nb; ++r) Cm[r * nb + t] += w * Cm[r * nb + q];
+        }
+        if (s[t] != 0.0)
+          for (index_t r = 0; r < nb; ++r) {
+            const double w = s[t] * Ub[r * nb + t];
+            for (index_t q = 0; q < nb; ++q) G[r * nb + q] += w * Ub[q * nb + t];
+          }
+      }
+      // U rows = c_t^T W0 (U = Cm^T W0), then V_lower += U^T diag(s) U by sign.
+      blas::gemm(Trans::Yes, Trans::No, 1.0, ConstMatrixView(Cm.data(), nb, nb),
+                 ConstMatrixView(W0.data(), nb, N), 0.0, MatrixView(U.data(), nb, N));
+      index_t np = 0, nn = 0;
+      for (index_t t = 0; t < nb; ++t) {
+        if (s[t] == 0.0) continue;
+        const double root = std::sqrt(std::fabs(s[t]));
+        double* dst = s[t] > 0.0 ? Upos.data() + (np++) * N : Uneg.data() + (nn++) * N;
+        const double* src = U.data() + t * N;
+        for (index_t p = 0; p < N; ++p) dst[p] = root * src[p];
+      }
+      if (np > 0) blas::syrk(Uplo::Lower, Trans::Yes, 1.0, ConstMatrixView(Upos.data(), np, N), 1.0, V);
+      if (nn > 0) blas::syrk(Uplo::Lower, Trans::Yes, -1.0, ConstMatrixView(Uneg.data(), nn, N), 1.0, V);
+      count_.add(2.0 * static_cast<double>(nb) * nb * N +
+                 static_cast<double>(np + nn) * N * N + 4.0 * static_cast<double>(nb) * nb * nb);
+    }
+    refresh_variances(l);
+  }
+
+  // The scalar problem of coordinate (l, i) (eq. 16): maximise
+  //   phi(v) = log v - c v + 2 f_b(v),   v phi'(v) = g(v) = 1 - v (c + lambda(v)),
+  // lambda = -2 g^v. The fixed-point iteration v <- 1/(c + lambda(v)) always moves towards
+  // the root of g (g > 0 makes the step go up), but it converges only linearly, slowly where
+  // phi is flat (at large prior variances its rate is about 0.2 sqrt(v) for the logit bound),
+  // and it can leave (0, inf). So in u = log v: the first step is the fixed-point step, later
+  // ones secant steps along the same side (doubling when the secant does not point ahead),
+  // and once g changes sign the root is bracketed and polished by the Illinois method. A
+  // result with a lower phi than v_old is refused. With rho < 1 the site precision moves by
+  // rho times its step. Returns the new variance.
+  double solve_site(index_t l, index_t i, double v_old, double c, double rho) {
+    const double* mi = m_.data() + i;
+    const double* vi = v_.data() + i;
+    SiteBound e{};
+    auto g = [&](double u) {
+      const double v = std::exp(u);
+      count_.evaluate(1.0);
+      e = site_bound(lb_, y_[i], mi, vi, N_, l, v);
+      return 1.0 - v * (c + e.lambda);
+    };
+    auto phi = [&](double v) { return std::log(v) - c * v + 2.0 * e.value; };
+    double u0 = std::log(v_old), g0 = g(u0);
+    const double phi0 = phi(v_old);
+    constexpr double kTol = 1e-14;
+    double u = u0;
+    if (std::fabs(g0) > kTol) {
+      const double d = c + e.lambda;
+      double u1 = d > 0.0 ? -std::log(d) : u0 + 1.0;
+      double g1 = g(u1);
+      int k = 0;
+      for (; k < 200 && std::fabs(g1) > kTol && (g1 > 0.0) == (g0 > 0.0) &&
+             std::fabs(u1 - u0) > kTol * std::max(1.0, std::fabs(u1));
+           ++k) {
+        const double step = u1 - u0;
+        double u2 = u1 - g1 * step / (g1 - g0);
+        const double ahead = (u2 - u1) / step;
+        if (!(ahead > 0.0 && ahead <= 8.0)) u2 = u1 + 2.0 * step;
+        u0 = u1;
+        g0 = g1;
+        u1 = u2;
+        g1 = g(u1);
+      }
+      u = u1;
+      if (std::fabs(g1) > kTol && (g1 > 0.0) != (g0 > 0.0)) {  // bracketed: Illinois
+        ++result_.bracketed_solves;
+        double a = u0, ga = g0, b = u1, gb = g1;
+        for (k = 0; k < 200 && std::fabs(b - a) > kTol * std::max(1.0, std::fabs(b)); ++k) {
+          const double t = b - gb * (b - a) / (gb - ga);
+          const double gt = g(t);
+          if ((gt > 0.0) != (gb > 0.0)) {
+            a = b;
+            ga = gb;
+          } else {
+            ga *= 0.5;
+          }
+          b = t;
+          gb = gt;
+          if (std::fabs(gb) <= kTol) break;
+        }
+        u = b;
+      }
+      g(u);  // (leaves e at the result for phi)
+    }
+    const double v = std::exp(u);
+    if (!(phi(v) >= phi0 - kTol * std::max(1.0, std::fabs(phi0))) || !std::isfinite(v)) {
+      ++result_.refused_solves;
+      return v_old;
+    }
+    if (std::fabs(v - v_old) <= opt_.skip_tol * v_old) return v_old;
+    if (rho == 1.0) return v;
+    const double lam_old = 1.0 / v_old - c, lam_new = 1.0 / v - c;
+    return 1.0 / (c + lam_old + rho * (lam_new - lam_old));
+  }
+
+  // Newton's method for m_l (eq. 21) with V fixed, maximising
+  //   Psi = sum_n f_b - 1/2 sum_l alpha_l . (m_l - mean_l)
+  // over alpha_l (m_l = mean_l + Sigma alpha_l), with a backtracking (Armijo) line search. The
+  // Hessian in m is -(Omega + W), W = -d^2 f_b / dm^2. For the likelihoods that are Gaussian
+  // expectations (all but the multinomial bound) W = -2 g^v, which after a sweep equals the
+  // site precisions lambda to the accuracy of the sweep, so (Omega + W)^-1 = V and the Newton
+  // step costs two SYMVs: with r = g^m - alpha, dalpha = r - Lambda V r (then dm = V r).
+  // These steps are used while they are taken whole and converge fast; otherwise (and for the
+  // multinomial bound) the exact GPML-style step with W clipped at 0: with b = W (m - mean) +
+  // g^m, the Newton point is alpha = b - W^1/2 B^-1 W^1/2 Sigma b, B = I + W^1/2 Sigma W^1/2.
+  void newton(index_t l) {
+    const index_t N = N_;
+    double* a = alpha_ + l * N;
+    double* m = m_.data() + l * N;
+    const double* lam = lambda_ + l * N;
+    Buffer sw(N), rhs(N), step_a(N), step_m(N), try_m(m_.size()), try_a(N), try_f(N);
+    auto psi = [&](const double* f, const double* mm, const double* aa) {
+      double s = fixed_order_sum(f, N);
+      double kl = 0.0;
+      for (index_t j = 0; j < L_; ++j) {
+        const double* aj = j == l ? aa : alpha_ + j * N;
+        const double* mj = j == l ? mm : m_.data() + j * N;
+        for (index_t n = 0; n < N; ++n) kl += aj[n] * (mj[n] - mean_[j]);
+      }
+      return s - 0.5 * kl;
+    };
+    bool exact = lb_.type == LocalBoundType::Multinomial;
+    double last_gain = 0.0;
+    for (int it = 0; it < opt_.max_newton; ++it) {
+      local_bounds(lb_, y_, N, m_.data(), v_.data(), f_.data(), dm_.data(), dv_.data(), d2m_.data(),
+                   nullptr);
+      count_.evaluate(static_cast<double>(N * L_));
+      const double psi0 = psi(f_.data(), m, a);
+      const double *g = dm_.data() + l * N, *h = d2m_.data() + l * N;
+      if (exact) {
+        if (B_.empty()) B_.resize(static_cast<std::size_t>(N * N));
+        MatrixView B(B_.data(), N, N);
+        for (index_t n = 0; n < N; ++n) {
+          const double w = std::max(-h[n], 0.0);
+          sw[n] = std::sqrt(w);
+          rhs[n] = w * (m[n] - mean_[l]) + g[n];
+        }
+        factor_b(Sigma_, sw.data(), B, count_);
+        blas::symv(Uplo::Lower, 1.0, Sigma_, rhs.data(), 0.0, step_a.data());
+        for (index_t n = 0; n < N; ++n) step_a[n] *= sw[n];
+        blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, B, step_a.data());
+        blas::trsv(Uplo::Lower, Trans::Yes, Diag::NonUnit, B, step_a.data());
+        for (index_t n = 0; n < N; ++n) step_a[n] = rhs[n] - sw[n] * step_a[n] - a[n];
+        count_.add(4.0 * static_cast<double>(N) * N);
+      } else {
+        for (index_t n = 0; n < N; ++n) rhs[n] = g[n] - a[n];
+        blas::symv(Uplo::Lower, 1.0, V_of(l), rhs.data(), 0.0, step_m.data());
+        for (index_t n = 0; n < N; ++n) step_a[n] = rhs[n] - lam[n] * step_m[n];
+        count_.add(2.0 * static_cast<double>(N) * N);
+      }
+      blas::symv(Uplo::Lower, 1.0, Sigma_, step_a.data(), 0.0, step_m.data());
+      count_.add(2.0 * static_cast<double>(N) * N);
+      double slope = 0.0;  // d Psi / dt along the step
+      for (index_t n = 0; n < N; ++n) slope += step_m[n] * (g[n] - a[n]);
+      if (!(slope > 1e-15 * std::max(1.0, std::fabs(psi0)))) break;
+      std::copy(m_.begin(), m_.end(), try_m.begin());
+      double t = 1.0, gained = -1.0;
+      for (int k = 0; k < 50; ++k, t *= 0.5) {
+        for (index_t n = 0; n < N; ++n) {
+          try_m[l * N + n] = m[n] + t * step_m[n];
+          try_a[n] = a[n] + t * step_a[n];
+        }
+        local_bounds(lb_, y_, N, try_m.data(), v_.data(), try_f.data(), nullptr, nullptr, nullptr,
+                     nullptr);
+        count_.evaluate(static_cast<double>(N * L_));
+        const double value = psi(try_f.data(), try_m.data() + l * N, try_a.data());
+        if (std::isfinite(value) && value >= psi0 + 1e-4 * t * slope) {
+          gained = value - psi0;
+          break;
+        }
+      }
+      if (gained < 0.0) {
+        if (exact) break;
+        exact = true;  // the cheap step failed: go on with exact ones
+        continue;
+      }
+      std::copy(try_a.begin(), try_a.end(), a);
+      std::copy(try_m.begin() + l * N, try_m.begin() + (l + 1) * N, m);
+      if (gained <= opt_.tol * std::max(1.0, std::fabs(psi0))) break;
+      // Cheap steps converge linearly; switch when they stop paying (cut or slow).
+      if (!exact && (t < 1.0 || (it > 0 && gained > 0.1 * last_gain))) exact = true;
+      last_gain = gained;
+    }
+  }
+
+  // What the next sweep would gain, from the site residuals r = lambda + 2 g^v at the current
+  // (m, v) (left in dv_ by evaluate()): the scalar objective of site i is about
+  // -(v - v*)^2 / (2 v^2) near its maximum and v r is about the relative change of v, so the
+  // sweep gains about sum_i (v_i r_i)^2 / 4 (the bound carries phi / 2). Measured, a whole outer
+  // iteration gains 2 to 4 times this (the m-step gains too), hence the factor 4 where it is used.
+  double sweep_gain_estimate() const {
+    double gain = 0.0;
+    for (index_t i = 0; i < L_ * N_; ++i) {
+      const double d = v_[i] * (lambda_[i] + 2.0 * dv_[i]);
+      gain += 0.25 * d * d;
+    }
+    return gain;
+  }
+
+  // Stationarity residuals of eqs. (7)-(8) at the end.
+  void residuals() {
+    local_bounds(lb_, y_, N_, m_.data(), v_.data(), f_.data(), dm_.data(), dv_.data(), d2m_.data(),
+                 nullptr);
+    for (index_t i = 0; i < L_ * N_; ++i) {
+      result_.max_residual_alpha = std::max(result_.max_residual_alpha, std::fabs(alpha_[i] - dm_[i]));
+      result_.max_residual_lambda =
+          std::max(result_.max_residual_lambda, std::fabs(lambda_[i] + 2.0 * dv_[i]));
+    }
+  }
+
+  const LocalBound& lb_;
+  const double* y_;
+  ConstMatrixView Sigma_;
+  const double* mean_;
+  double* alpha_;
+  double* lambda_;
+  const Options& opt_;
+  index_t N_, L_;
+  Buffer V_, m_, v_, logdet_, f_, dm_, dv_, d2m_, B_;
+  Counter count_;
+  Result result_;
+  bool warm_ = false;
+  Clock::time_point start_;
+};
+
+}  // namespace
+
+Result infer(const LocalBound& lb, const double* y, ConstMatrixView Sigma, const double* mean,
+             double* alpha, double* lambda, const Options& opt, double* V_out) {
+  Inference inf(lb, y, Sigma, mean, alpha, lambda, opt);
+  Result res = inf.run();
+  if (V_out != nullptr) {
+    const index_t N = inf.N();
+    for (index_t l = 0; l < inf.L(); ++l) {
+      MatrixView V = inf.V_of(l);
+      mirror_lower(V);
+      std::copy(V.data, V.data + N * N, V_out + l * N * N);
+    }
+  }
+  return res;
+}
+
+Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrixView X,
+                const double* y, const double* mean, double* alpha, double* lambda,
+                const Options& opt, Gradients* grads, double* Pi_out) {
+  const index_t N = X.rows;
+  require(N >= 1, "cvi: need at least one data point");
+  require(X.cols == kernel.input_dim(), "cvi: X has " + std::to_string(X.cols) +
+                                            " columns but the kernel expects " +
+                                            std::to_string(kernel.input_dim()));
+  Buffer Sigma(static_cast<std::size_t>(N * N));
+  MatrixView S(Sigma.data(), N, N);
+  kernel.K(X, X, true, S);
+  Inference inf(lb, y, S, mean, alpha, lambda, opt);
+  Result res = inf.run();
+  const index_t L = inf.L();
+  if (grads == nullptr && Pi_out == nullptr) return res;
+  // Pi_l = Lambda_l - Lambda_l V_l Lambda_l (written over V_l), G = 1/2 sum_l (a a^T - Pi_l).
+  Buffer G;
+  if (grads != nullptr) G.assign(static_cast<std::size_t>(N * N), 0.0);
+  for (index_t l = 0; l < L; ++l) {
+    MatrixView P = inf.V_of(l);
+    const double* lam = lambda + l * N;
+    const double* a = alpha + l * N;
+    for (index_t i = 0; i < N; ++i) {
+      for (index_t j = 0; j <= i; ++j) P(i, j) = -lam[i] * P(i, j) * lam[j];
+      P(i, i) += lam[i];
+    }
+    mirror_lower(P);
+    if (Pi_out != nullptr) std::copy(P.data, P.data + N * N, Pi_out + l * N * N);
+    if (grads != nullptr)
+      for (index_t i = 0; i < N; ++i)
+        for (index_t j = 0; j < N; ++j) G[i * N + j] += 0.5 * (a[i] * a[j] - P(i, j));
+  }
+  if (grads == nullptr) return res;
+  require(grads->kernel != nullptr, "cvi: fit_step needs an output for the kernel gradient");
+  std::fill(grads->kernel, grads->kernel + kernel.num_params(), 0.0);
+  kernel.K_vjp(X, X, true, ConstMatrixView(G.data(), N, N), grads->kernel, nullptr, nullptr);
+  if (grads->mean != nullptr)
+    for (index_t l = 0; l < L; ++l) grads->mean[l] = fixed_order_sum(alpha + l * N, N);
+  if (grads->thresholds != nullptr && lb.type == LocalBoundType::Ordinal) {
+    Buffer f(static_cast<std::size_t>(N));
+    local_bounds(lb, y, N, inf.m().data(), inf.v().data(), f.data(), nullptr, nullptr, nullptr,
+                 grads->thresholds);
+  }
+  return res;
+}
+
+double oa_objective(const LocalBound& lb, const double* y, ConstMatrixView Sigma,
+                    const double* mean, const double* alpha, const double* lambda,
+                    double* dalpha, double* dlambda, double* flops, double* evaluations) {
+  validate(lb);
+  check_sigma(Sigma);
+  const index_t N = Sigma.rows, L = lb.num_latent();
+  check_labels(lb, y, N);
+  for (index_t i = 0; i < L * N; ++i)
+    require(lambda[i] >= 0.0 && std::isfinite(lambda[i]) && std::isfinite(alpha[i]),
+            "cvi: the Opper-Archambeau parameters must be finite with lambda >= 0");
+  Counter count;
+  Buffer m(static_cast<std::size_t>(L * N)), v(m.size()), logdet(static_cast<std::size_t>(L));
+  Buffer V(static_cast<std::size_t>(L * N * N)), B(static_cast<std::size_t>(N * N)), sw(N);
+  for (index_t l = 0; l < L; ++l) {
+    const double* lam = lambda + l * N;
+    for (index_t n = 0; n < N; ++n) sw[n] = std::sqrt(lam[n]);
+    MatrixView Bv(B.data(), N, N);
+    factor_b(Sigma, sw.data(), Bv, count);
+    logdet[l] = 0.0;
+    for (index_t n = 0; n < N; ++n) logdet[l] += 2.0 * std::log(Bv(n, n));
+    // V = Sigma - A^T A with A = L_B^-1 diag(sw) Sigma.
+    Buffer A(static_cast<std::size_t>(N * N));
+    MatrixView Av(A.data(), N, N), Vl(V.data() + l * N * N, N, N);
+    for (index_t i = 0; i < N; ++i)
+      for (index_t j = 0; j < N; ++j) {
+        Av(i, j) = sw[i] * Sigma(i, j);
+        Vl(i, j) = Sigma(i, j);
+      }
+    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Bv, Av);
+    blas::syrk(Uplo::Lower, Trans::Yes, -1.0, Av, 1.0, Vl);
+    mirror_lower(Vl);
+    for (index_t n = 0; n < N; ++n) v[l * N + n] = Vl(n, n);
+    double* ml = m.data() + l * N;
+    std::fill(ml, ml + N, mean[l]);
+    blas::symv(Uplo::Lower, 1.0, Sigma, alpha + l * N, 1.0, ml);
+    count.add(2.0 * static_cast<double>(N) * N * N + 4.0 * static_cast<double>(N) * N);
+  }
+  Buffer f(static_cast<std::size_t>(N)), dm(m.size()), dv(m.size());
+  local_bounds(lb, y, N, m.data(), v.data(), f.data(), dm.data(), dv.data(), nullptr, nullptr);
+  count.evaluate(static_cast<double>(N * L));
+  double value = fixed_order_sum(f.data(), N);
+  Buffer r(N);
+  for (index_t l = 0; l < L; ++l) {
+    const double *a = alpha + l * N, *lam = lambda + l * N, *ml = m.data() + l * N;
+    double s = -logdet[l];
+    for (index_t n = 0; n < N; ++n) s += lam[n] * v[l * N + n] - a[n] * (ml[n] - mean[l]);
+    value += 0.5 * s;
+    if (dalpha != nullptr) {
+      for (index_t n = 0; n < N; ++n) r[n] = dm[l * N + n] - a[n];
+      blas::symv(Uplo::Lower, 1.0, Sigma, r.data(), 0.0, dalpha + l * N);
+      count.add(2.0 * static_cast<double>(N) * N);
+    }
+    if (dlambda != nullptr) {
+      for (index_t n = 0; n < N; ++n) r[n] = lam[n] + 2.0 * dv[l * N + n];
+      ConstMatrixView Vl(V.data() + l * N * N, N, N);
+      for (index_t i = 0; i < N; ++i) {
+        double s2 = 0.0;
+        const double* row = Vl.row(i);
+        for (index_t j = 0; j < N; ++j) s2 += row[j] * row[j] * r[j];
+        dlambda[l * N + i] = -0.5 * s2;
+      }
+      count.add(3.0 * static_cast<double>(N) * N);
+    }
+  }
+  if (flops != nullptr) *flops += count.flops;
+  if (evaluations != nullptr) *evaluations += count.evaluations;
+  return value;
+}
+
+void predict_f(const kernels::Kernel& kernel, ConstMatrixView X, const double* mean,
+               const double* alpha, const double* Pi, index_t L, ConstMatrixView Xnew,
+               MatrixView mean_out, MatrixView var_out) {
+  const index_t N = X.rows, T = Xnew.rows;
+  require(X.cols == kernel.input_dim() && Xnew.cols == X.cols,
+          "cvi: X and Xnew must have the kernel's " + std::to_string(kernel.input_dim()) +
+              " columns");
+  require(mean_out.rows == T && mean_out.cols == L && var_out.rows == T && var_out.cols == L,
+          "cvi: mean_out and var_out must be [T, L]");
+  constexpr index_t kChunk = 512;  // test rows per block: bounds the [chunk, N] scratch
+  Buffer Ks(static_cast<std::size_t>(std::min(T, kChunk) * N)), Q(Ks.size()), kss(kChunk), mu(kChunk);
+  for (index_t t0 = 0; t0 < T; t0 += kChunk) {
+    const index_t rows = std::min(kChunk, T - t0);
+    const ConstMatrixView Xc(Xnew.row(t0), rows, Xnew.cols, Xnew.ld);
+    MatrixView K(Ks.data(), rows, N), Qv(Q.data(), rows, N);
+    kernel.K(Xc, X, false, K);
+    kernel.Kdiag(Xc, kss.data());
+    for (index_t l = 0; l < L; ++l) {
+      blas::gemv(Trans::No, 1.0, K, alpha + l * N, 0.0, mu.data());
+      blas::gemm(Trans::No, Trans::No, 1.0, K, ConstMatrixView(Pi + l * N * N, N, N), 0.0, Qv);
+      for (index_t t = 0; t < rows; ++t) {
+        double q = 0.0;
+        for (index_t n = 0; n < N; ++n) q += Qv(t, n) * K(t, n);
+        mean_out(t0 + t, l) = mean[l] + mu[t];
+        var_out(t0 + t, l) = std::max(kss[t] - q, 0.0);
+      }
+    }
+  }
+}
+
+}  // namespace pygpfast::cvi
