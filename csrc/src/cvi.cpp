@@ -81,9 +81,9 @@ class Inference {
     check_sigma(Sigma);
     check_labels(lb, y, N_);
     require(opt.max_iter >= 0 && opt.block_size >= 1 && opt.max_newton >= 0 &&
-                opt.max_damping >= 0 && opt.tol >= 0 && opt.skip_tol >= 0,
+                opt.max_damping >= 0 && !std::isnan(opt.tol) && opt.skip_tol >= 0,
             "cvi: invalid options (max_iter, max_newton, max_damping >= 0; block_size >= 1; "
-            "tol, skip_tol >= 0)");
+            "skip_tol >= 0)");
     for (index_t i = 0; i < L_ * N_; ++i) {
       require(std::isfinite(alpha[i]), "cvi: alpha has a non-finite entry");
       require(std::isfinite(lambda[i]), "cvi: lambda has a non-finite entry");
@@ -126,9 +126,7 @@ class Inference {
   Result run() {
     // From a warm start (lambda != 0) the means are refitted to the prior first: the sweep
     // that follows then sees means close to their new optimum.
-    if (warm_ && opt_.max_iter > 0) {
-      for (index_t l = 0; l < L_; ++l) newton(l);
-    }
+    if (warm_ && opt_.max_iter > 0) update_means();
     double bound = evaluate();
     record(bound);
     Buffer saved_V, saved_lambda, saved_logdet;
@@ -160,7 +158,7 @@ class Inference {
         rho *= 0.5;
       }
       // (b) the means by Newton's method (monotone by its line search).
-      for (index_t l = 0; l < L_; ++l) newton(l);
+      update_means();
       bound = evaluate();
       result_.iterations = it;
       record(bound);
@@ -379,94 +377,156 @@ class Inference {
     return 1.0 / (c + lam_old + rho * (lam_new - lam_old));
   }
 
-  // Newton's method for m_l (eq. 21) with V fixed, maximising
+  // Newton's method for the means (eq. 21) with V fixed, maximising
   //   Psi = sum_n f_b - 1/2 sum_l alpha_l . (m_l - mean_l)
-  // over alpha_l (m_l = mean_l + Sigma alpha_l), with a backtracking (Armijo) line search. The
-  // Hessian in m is -(Omega + W), W = -d^2 f_b / dm^2. For the likelihoods that are Gaussian
-  // expectations (all but the multinomial bound) W = -2 g^v, which after a sweep equals the
-  // site precisions lambda to the accuracy of the sweep, so (Omega + W)^-1 = V and the Newton
-  // step costs two SYMVs: with r = g^m - alpha, dalpha = r - Lambda V r (then dm = V r).
-  // These steps are used while they are taken whole and converge fast; otherwise (and for the
-  // multinomial bound) the exact GPML-style step with W clipped at 0: with b = W (m - mean) +
-  // g^m, the Newton point is alpha = b - W^1/2 B^-1 W^1/2 Sigma b, B = I + W^1/2 Sigma W^1/2.
-  void newton(index_t l) {
-    const index_t N = N_;
-    double* a = alpha_ + l * N;
-    double* m = m_.data() + l * N;
-    const double* lam = lambda_ + l * N;
-    Buffer sw(N), rhs(N), step_a(N), step_m(N), try_m(m_.size()), try_a(N), try_f(N);
+  // over alpha (m_l = mean_l + Sigma alpha_l), with a backtracking (Armijo) line search. The
+  // Hessian in m is -(Omega + W), W = -d^2 f_b / dm^2 (block diagonal over latents except for
+  // the multinomial bound, whose per-point block is diag(p) - p p^T).
+  //  * Cheap steps, for all latents at once. For the likelihoods that are Gaussian
+  //    expectations W = -2 g^v, which after a sweep equals the site precisions lambda, so
+  //    (Omega + W)^-1 = V and the step costs SYMVs: with r = g^m - alpha, dm = V r. For the
+  //    multinomial bound lambda = p, so Omega + W = V^-1 - P P^T (P stacks diag(p_l)) and by
+  //    Woodbury dm_l = u_l + V_l (p_l z), u_l = V_l r_l, z = S^-1 sum_l p_l u_l with
+  //    S = I - sum_l diag(p_l) V_l diag(p_l) (one N^3/3 Cholesky for all latents). Then
+  //    dalpha = Omega dm = V^-1 dm - lambda dm without Omega.
+  //  * Exact steps, one latent at a time in turn (block coordinate), GPML-style with W_l
+  //    clipped at 0: with b = W (m - mean) + g^m, the Newton point is
+  //    alpha = b - W^1/2 B^-1 W^1/2 Sigma b, B = I + W^1/2 Sigma W^1/2 (N^3/3).
+  // Cheap steps are used while they are taken whole and converge fast.
+  void update_means() {
+    const index_t N = N_, L = L_;
+    const bool multinomial = lb_.type == LocalBoundType::Multinomial;
+    const auto LN = static_cast<std::size_t>(L * N);
+    Buffer sw(N), rhs(N), r(LN), step_a(LN), step_m(LN), try_m(LN), try_a(LN), try_f(N), z(N);
     auto psi = [&](const double* f, const double* mm, const double* aa) {
-      double s = fixed_order_sum(f, N);
       double kl = 0.0;
-      for (index_t j = 0; j < L_; ++j) {
-        const double* aj = j == l ? aa : alpha_ + j * N;
-        const double* mj = j == l ? mm : m_.data() + j * N;
-        for (index_t n = 0; n < N; ++n) kl += aj[n] * (mj[n] - mean_[j]);
-      }
-      return s - 0.5 * kl;
+      for (index_t l = 0; l < L; ++l)
+        for (index_t n = 0; n < N; ++n) kl += aa[l * N + n] * (mm[l * N + n] - mean_[l]);
+      return fixed_order_sum(f, N) - 0.5 * kl;
     };
-    bool exact = lb_.type == LocalBoundType::Multinomial;
+    bool exact = false;
+    index_t latent = 0;   // the latent of the next exact step
+    index_t settled = 0;  // consecutive exact steps without a measurable gain
     double last_gain = 0.0;
-    for (int it = 0; it < opt_.max_newton; ++it) {
+    for (int it = 0; it < opt_.max_newton * L; ++it) {
       local_bounds(lb_, y_, N, m_.data(), v_.data(), f_.data(), dm_.data(), dv_.data(), d2m_.data(),
                    nullptr);
-      count_.evaluate(static_cast<double>(N * L_));
-      const double psi0 = psi(f_.data(), m, a);
-      const double *g = dm_.data() + l * N, *h = d2m_.data() + l * N;
-      if (exact) {
-        if (B_.empty()) B_.resize(static_cast<std::size_t>(N * N));
-        MatrixView B(B_.data(), N, N);
-        for (index_t n = 0; n < N; ++n) {
-          const double w = std::max(-h[n], 0.0);
-          sw[n] = std::sqrt(w);
-          rhs[n] = w * (m[n] - mean_[l]) + g[n];
+      count_.evaluate(static_cast<double>(N * L));
+      const double psi0 = psi(f_.data(), m_.data(), alpha_);
+      for (std::size_t i = 0; i < LN; ++i) r[i] = dm_[i] - alpha_[i];
+      std::fill(step_a.begin(), step_a.end(), 0.0);
+      index_t first = 0, last = L;  // latents that move
+      if (!exact) {
+        for (index_t l = 0; l < L; ++l)
+          blas::symv(Uplo::Lower, 1.0, V_of(l), r.data() + l * N, 0.0, step_m.data() + l * N);
+        count_.add(2.0 * static_cast<double>(L) * N * N);
+        if (multinomial && !woodbury_correction(step_m.data(), z.data(), step_a.data())) {
+          exact = true;
+          continue;
         }
-        factor_b(Sigma_, sw.data(), B, count_);
-        blas::symv(Uplo::Lower, 1.0, Sigma_, rhs.data(), 0.0, step_a.data());
-        for (index_t n = 0; n < N; ++n) step_a[n] *= sw[n];
-        blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, B, step_a.data());
-        blas::trsv(Uplo::Lower, Trans::Yes, Diag::NonUnit, B, step_a.data());
-        for (index_t n = 0; n < N; ++n) step_a[n] = rhs[n] - sw[n] * step_a[n] - a[n];
-        count_.add(4.0 * static_cast<double>(N) * N);
+        for (std::size_t i = 0; i < LN; ++i) step_a[i] += r[i] - lambda_[i] * step_m[i];
       } else {
-        for (index_t n = 0; n < N; ++n) rhs[n] = g[n] - a[n];
-        blas::symv(Uplo::Lower, 1.0, V_of(l), rhs.data(), 0.0, step_m.data());
-        for (index_t n = 0; n < N; ++n) step_a[n] = rhs[n] - lam[n] * step_m[n];
-        count_.add(2.0 * static_cast<double>(N) * N);
+        first = latent;
+        last = latent + 1;
+        latent = (latent + 1) % L;
+        exact_step(first, sw.data(), rhs.data(), step_a.data() + first * N);
       }
-      blas::symv(Uplo::Lower, 1.0, Sigma_, step_a.data(), 0.0, step_m.data());
-      count_.add(2.0 * static_cast<double>(N) * N);
+      for (index_t l = first; l < last; ++l)
+        blas::symv(Uplo::Lower, 1.0, Sigma_, step_a.data() + l * N, 0.0, step_m.data() + l * N);
+      count_.add(2.0 * static_cast<double>(last - first) * N * N);
       double slope = 0.0;  // d Psi / dt along the step
-      for (index_t n = 0; n < N; ++n) slope += step_m[n] * (g[n] - a[n]);
-      if (!(slope > 1e-15 * std::max(1.0, std::fabs(psi0)))) break;
-      std::copy(m_.begin(), m_.end(), try_m.begin());
-      double t = 1.0, gained = -1.0;
-      for (int k = 0; k < 50; ++k, t *= 0.5) {
-        for (index_t n = 0; n < N; ++n) {
-          try_m[l * N + n] = m[n] + t * step_m[n];
-          try_a[n] = a[n] + t * step_a[n];
-        }
-        local_bounds(lb_, y_, N, try_m.data(), v_.data(), try_f.data(), nullptr, nullptr, nullptr,
-                     nullptr);
-        count_.evaluate(static_cast<double>(N * L_));
-        const double value = psi(try_f.data(), try_m.data() + l * N, try_a.data());
-        if (std::isfinite(value) && value >= psi0 + 1e-4 * t * slope) {
-          gained = value - psi0;
-          break;
+      for (index_t i = first * N; i < last * N; ++i) slope += step_m[i] * r[i];
+      double gained = -1.0, t = 1.0;
+      if (slope > 1e-15 * std::max(1.0, std::fabs(psi0))) {
+        std::copy(m_.begin(), m_.end(), try_m.begin());
+        std::copy(alpha_, alpha_ + LN, try_a.begin());
+        for (int k = 0; k < 50; ++k, t *= 0.5) {
+          for (index_t i = first * N; i < last * N; ++i) {
+            try_m[i] = m_[i] + t * step_m[i];
+            try_a[i] = alpha_[i] + t * step_a[i];
+          }
+          local_bounds(lb_, y_, N, try_m.data(), v_.data(), try_f.data(), nullptr, nullptr,
+                       nullptr, nullptr);
+          count_.evaluate(static_cast<double>(N * L));
+          const double value = psi(try_f.data(), try_m.data(), try_a.data());
+          if (std::isfinite(value) && value >= psi0 + 1e-4 * t * slope) {
+            gained = value - psi0;
+            break;
+          }
         }
       }
-      if (gained < 0.0) {
-        if (exact) break;
-        exact = true;  // the cheap step failed: go on with exact ones
-        continue;
+      const bool small = gained <= std::max(opt_.tol, 0.0) * std::max(1.0, std::fabs(psi0));
+      if (gained >= 0.0) {
+        std::copy(try_m.begin(), try_m.end(), m_.begin());
+        std::copy(try_a.begin(), try_a.end(), alpha_);
       }
-      std::copy(try_a.begin(), try_a.end(), a);
-      std::copy(try_m.begin() + l * N, try_m.begin() + (l + 1) * N, m);
-      if (gained <= opt_.tol * std::max(1.0, std::fabs(psi0))) break;
-      // Cheap steps converge linearly; switch when they stop paying (cut or slow).
-      if (!exact && (t < 1.0 || (it > 0 && gained > 0.1 * last_gain))) exact = true;
-      last_gain = gained;
+      if (!exact) {
+        if (gained < 0.0) {  // the cheap step failed: go on with exact ones
+          exact = true;
+          continue;
+        }
+        if (small) break;
+        // Cheap steps converge linearly; switch when they stop paying (cut or slow).
+        if (t < 1.0 || (it > 0 && gained > 0.1 * last_gain)) exact = true;
+        last_gain = gained;
+      } else {
+        settled = small ? settled + 1 : 0;
+        if (settled >= L) break;
+      }
     }
+  }
+
+  // The multinomial correction of the cheap step (see update_means): on entry step_m holds
+  // u_l = V_l r_l; on exit step_m holds dm_l = u_l + V_l (p_l z) and step_a holds p_l z.
+  // Returns false when S is not positive definite (lambda far from p).
+  bool woodbury_correction(double* step_m, double* z, double* step_a) {
+    const index_t N = N_, L = L_;
+    if (B_.empty()) B_.resize(static_cast<std::size_t>(N * N));
+    MatrixView S(B_.data(), N, N);
+    for (index_t i = 0; i < N; ++i) {
+      for (index_t j = 0; j <= i; ++j) {
+        double s = 0.0;
+        for (index_t l = 0; l < L; ++l)
+          s += dv_[l * N + i] * V_of(l)(i, j) * dv_[l * N + j];  // p = -2 dv
+        S(i, j) = -4.0 * s;
+      }
+      S(i, i) += 1.0;
+    }
+    if (blas::potrf_lower(S) != 0) return false;
+    std::fill(z, z + N, 0.0);
+    for (index_t l = 0; l < L; ++l)
+      for (index_t n = 0; n < N; ++n) z[n] += -2.0 * dv_[l * N + n] * step_m[l * N + n];
+    blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, S, z);
+    blas::trsv(Uplo::Lower, Trans::Yes, Diag::NonUnit, S, z);
+    Buffer pz(N);
+    for (index_t l = 0; l < L; ++l) {
+      for (index_t n = 0; n < N; ++n) pz[n] = step_a[l * N + n] = -2.0 * dv_[l * N + n] * z[n];
+      blas::symv(Uplo::Lower, 1.0, V_of(l), pz.data(), 1.0, step_m + l * N);
+    }
+    count_.add(3.0 * static_cast<double>(L) * N * N + static_cast<double>(N) * N * N / 3.0 +
+               2.0 * static_cast<double>(N) * N);
+    return true;
+  }
+
+  // The exact Newton step of latent l alone into step_a [N] (sw, rhs: scratch [N]).
+  void exact_step(index_t l, double* sw, double* rhs, double* step_a) {
+    const index_t N = N_;
+    if (B_.empty()) B_.resize(static_cast<std::size_t>(N * N));
+    MatrixView B(B_.data(), N, N);
+    const double *g = dm_.data() + l * N, *h = d2m_.data() + l * N, *m = m_.data() + l * N;
+    const double* a = alpha_ + l * N;
+    for (index_t n = 0; n < N; ++n) {
+      const double w = std::max(-h[n], 0.0);
+      sw[n] = std::sqrt(w);
+      rhs[n] = w * (m[n] - mean_[l]) + g[n];
+    }
+    factor_b(Sigma_, sw, B, count_);
+    blas::symv(Uplo::Lower, 1.0, Sigma_, rhs, 0.0, step_a);
+    for (index_t n = 0; n < N; ++n) step_a[n] *= sw[n];
+    blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, B, step_a);
+    blas::trsv(Uplo::Lower, Trans::Yes, Diag::NonUnit, B, step_a);
+    for (index_t n = 0; n < N; ++n) step_a[n] = rhs[n] - sw[n] * step_a[n] - a[n];
+    count_.add(4.0 * static_cast<double>(N) * N);
   }
 
   // What the next sweep would gain, from the site residuals r = lambda + 2 g^v at the current

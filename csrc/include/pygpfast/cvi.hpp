@@ -125,7 +125,8 @@ struct Options {
   int max_iter = 200;          // outer iterations (sweep + Newton on m)
   double tol = 1e-10;          // stop when an outer iteration raises the bound by less than
                                //   tol * max(1, |bound|), or when the site residuals predict
-                               //   less than that for the next one (cvi.cpp)
+                               //   less than that for the next one (cvi.cpp); a negative tol
+                               //   runs all max_iter iterations
   index_t block_size = 64;     // coordinates per block; 1 = literal rank-one updates (BLAS 2)
   double skip_tol = 0.0;       // a coordinate whose variance would change by at most
                                //   skip_tol * v is left as it is (no rank-one update)

@@ -1,0 +1,385 @@
+"""The concave variational inference core (seed 004) against dense numpy/scipy references."""
+
+import numpy as np
+import pytest
+from scipy import integrate, special
+
+from pygpfast import LinAlgError, _core, cvi
+from pygpfast.kernels import RBF, White
+from pygpfast.piecewise import llp_bound
+
+B20 = llp_bound(20)
+
+
+def expect(fn, m, v, points=()):
+    """E[fn(z)] for z ~ N(m, v) by adaptive quadrature in the standardised variable, split at
+    the given points (the bound's breakpoints)."""
+    s = np.sqrt(v)
+    cuts = sorted(t for t in ((p - m) / s for p in points) if -12 < t < 12)
+    edges = [-12.0, *cuts, 12.0]
+    total = 0.0
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        total += integrate.quad(lambda t: fn(m + s * t) * np.exp(-0.5 * t * t), lo, hi,
+                                epsabs=1e-13, epsrel=1e-12, limit=200)[0]
+    return total / np.sqrt(2 * np.pi)
+
+
+def llp(x):
+    return np.logaddexp(0.0, x)
+
+
+KNOTS = B20.knots[1:-1]
+
+
+# --------------------------------------------------------------------------- local bounds
+
+def test_logit_local_bound_is_the_expected_piecewise_bound():
+    lb = cvi.LocalBound("logit")
+    m = np.array([-7.0, -1.75, 0.0, 0.3, 2.5, 12.0])
+    v = np.array([0.5, 0.01, 1.0, 4.0, 30.0, 2.0])
+    for yv in (0.0, 1.0):
+        y = np.full(m.size, yv)
+        value, dm, dv, d2m, _ = lb(y, m, v)
+        for i in range(m.size):
+            ref = expect(lambda z: yv * z - B20(z), m[i], v[i], KNOTS)
+            assert value[i] == pytest.approx(ref, rel=1e-9, abs=1e-11)
+            exact = expect(lambda z: yv * z - llp(z), m[i], v[i])
+            assert value[i] <= exact + 1e-12  # a lower bound on E[log p(y | z)]
+            assert exact - value[i] <= B20.max_error + 1e-12
+        assert np.allclose(d2m, 2 * dv)
+
+
+def test_poisson_local_bound_is_the_exact_expectation():
+    lb = cvi.LocalBound("poisson")
+    m = np.array([-2.0, 0.0, 1.3, 2.0])
+    v = np.array([0.1, 1.0, 0.5, 0.02])
+    y = np.array([0.0, 3.0, 1.0, 12.0])
+    value = lb(y, m, v)[0]
+    for i in range(m.size):
+        ref = expect(lambda z: y[i] * z - np.exp(z) - special.gammaln(y[i] + 1), m[i], v[i])
+        assert value[i] == pytest.approx(ref, rel=1e-10)
+
+
+def test_multinomial_local_bound_formula_and_bound_property():
+    lb = cvi.LocalBound("multinomial", num_classes=3)
+    m = np.array([[0.5, -1.0], [0.0, 2.0], [-0.3, 0.1]])  # [L, N]
+    v = np.array([[0.4, 1.5], [0.2, 0.3], [1.0, 0.05]])
+    y = np.array([2.0, 1.0])
+    value, dm, dv, d2m, _ = lb(y, m, v)
+    x, w = np.polynomial.hermite_e.hermegauss(40)
+    w = w / w.sum()
+    for n in range(2):
+        arg = m[:, n] + v[:, n] / 2
+        p = np.exp(arg - special.logsumexp(arg))
+        assert value[n] == pytest.approx(m[int(y[n]), n] - special.logsumexp(arg), rel=1e-13)
+        assert np.allclose(dm[:, n], np.eye(3)[int(y[n])] - p, atol=1e-14)
+        assert np.allclose(dv[:, n], -p / 2, atol=1e-14)
+        assert np.allclose(d2m[:, n], -p * (1 - p), atol=1e-14)
+        # E[log softmax_y(z)] by a 40^3 Gauss-Hermite product rule
+        z = [m[k, n] + np.sqrt(v[k, n]) * x for k in range(3)]
+        Z = np.stack(np.meshgrid(*z, indexing="ij"))
+        W = w[:, None, None] * w[None, :, None] * w[None, None, :]
+        exact = np.sum(W * (Z[int(y[n])] - special.logsumexp(Z, axis=0)))
+        assert value[n] <= exact
+
+
+def test_stick_breaking_local_bound_sums_piecewise_terms():
+    C = 4
+    lb = cvi.LocalBound("stick-breaking", num_classes=C)
+    rng = np.random.default_rng(1)
+    N = 8
+    m = rng.normal(size=(C - 1, N)) * 2
+    v = rng.uniform(0.05, 2.0, size=(C - 1, N))
+    y = np.arange(N, dtype=float) % C
+    value, dm, dv, d2m, _ = lb(y, m, v)
+    for n in range(N):
+        k = int(y[n])
+        ref = 0.0
+        for j in range(C - 1):
+            if j < k:
+                ref += expect(lambda z: -B20(z), m[j, n], v[j, n], KNOTS)
+            elif j == k:
+                ref += expect(lambda z: z - B20(z), m[j, n], v[j, n], KNOTS)
+        assert value[n] == pytest.approx(ref, rel=1e-9, abs=1e-11)
+        # latents after the observed class do not enter
+        assert np.all(dm[k + 1:, n] == 0) and np.all(dv[k + 1:, n] == 0)
+
+
+def test_ordinal_local_bound_and_bound_property():
+    phi = np.array([-1.0, 0.5, 2.0])
+    lb = cvi.LocalBound("ordinal", num_classes=4, thresholds=phi)
+    m = np.array([-0.5, 0.2, 1.0, 3.0, 0.0, -2.0])
+    v = np.array([0.3, 1.0, 0.1, 0.6, 2.0, 0.5])
+    y = np.array([0.0, 1.0, 2.0, 3.0, 3.0, 1.0])
+    value = lb(y, m, v)[0]
+    cdf = lambda k, z: 0.0 if k < 0 else (1.0 if k >= 3 else special.expit(phi[k] - z))  # noqa: E731
+    for i in range(m.size):
+        k = int(y[i])
+        if k == 0:
+            fn = lambda z: -B20(z - phi[0])  # noqa: E731
+        elif k == 3:
+            fn = lambda z: -B20(phi[2] - z)  # noqa: E731
+        else:
+            gap = np.log(-np.expm1(phi[k - 1] - phi[k]))
+            fn = lambda z, k=k, gap=gap: (phi[k] - z) - B20(phi[k] - z) - B20(phi[k - 1] - z) + gap  # noqa: E731
+        pts = np.concatenate([phi[:, None] - KNOTS[None, :], phi[:, None] + KNOTS[None, :]]).ravel()
+        ref = expect(fn, m[i], v[i], pts)
+        assert value[i] == pytest.approx(ref, rel=1e-9, abs=1e-11)
+        exact = expect(lambda z: np.log(cdf(k, z) - cdf(k - 1, z)), m[i], v[i])
+        assert value[i] <= exact + 1e-12
+
+
+@pytest.mark.parametrize("kind", ["logit", "poisson", "multinomial", "stick-breaking", "ordinal"])
+def test_local_bound_derivatives_match_finite_differences(kind, rng):
+    C = 4
+    lb = cvi.LocalBound(kind, num_classes=C if kind not in ("logit", "poisson") else 0,
+                        thresholds=[-1.0, 0.2, 1.5] if kind == "ordinal" else None)
+    N, L = 12, lb.num_latent
+    m = rng.normal(size=(L, N)) * 2
+    v = rng.uniform(0.1, 3.0, size=(L, N))
+    if kind == "logit":
+        y = (rng.random(N) < 0.5).astype(float)
+    elif kind == "poisson":
+        y = rng.poisson(3.0, N).astype(float)
+    else:
+        y = (np.arange(N) % C).astype(float)
+    value, dm, dv, d2m, dphi = lb(y, m, v)
+    h = 1e-6
+    for l in range(L):
+        e = np.zeros((L, N))
+        e[l] = h
+        fd_m = (lb(y, m + e, v)[0] - lb(y, m - e, v)[0]) / (2 * h)
+        fd_v = (lb(y, m, v + e)[0] - lb(y, m, v - e)[0]) / (2 * h)
+        fd_mm = (lb(y, m + e, v)[1][l] - lb(y, m - e, v)[1][l]) / (2 * h)
+        assert np.allclose(dm[l], fd_m, rtol=1e-6, atol=1e-7)
+        assert np.allclose(dv[l], fd_v, rtol=1e-6, atol=1e-7)
+        assert np.allclose(d2m[l], fd_mm, rtol=1e-5, atol=1e-6)
+    if kind == "ordinal":
+        for k in range(3):
+            phi = lb.thresholds.copy()
+            up, down = phi.copy(), phi.copy()
+            up[k] += h
+            down[k] -= h
+            f_up = cvi.LocalBound("ordinal", num_classes=C, thresholds=up)(y, m, v)[0].sum()
+            f_dn = cvi.LocalBound("ordinal", num_classes=C, thresholds=down)(y, m, v)[0].sum()
+            assert dphi[k] == pytest.approx((f_up - f_dn) / (2 * h), rel=1e-6)
+
+
+# --------------------------------------------------------------------------- inference
+
+def _problem(kind="logit", N=50, seed=0, variance=2.0, lengthscale=1.0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, 2))
+    f = np.sin(2 * X[:, 0]) + X[:, 1]
+    kernel = RBF(variance=variance, lengthscale=lengthscale) + White(1e-3)
+    if kind == "logit":
+        y = (rng.random(N) < special.expit(2 * f)).astype(float)
+        lb = cvi.LocalBound("logit")
+    elif kind == "poisson":
+        y = rng.poisson(np.exp(0.5 + f)).astype(float)
+        lb = cvi.LocalBound("poisson")
+    elif kind == "multinomial":
+        y = np.digitize(f, [-0.5, 0.8]).astype(float)
+        lb = cvi.LocalBound("multinomial", num_classes=3)
+    elif kind == "stick-breaking":
+        y = np.digitize(f, [-0.5, 0.8]).astype(float)
+        lb = cvi.LocalBound("stick-breaking", num_classes=3)
+    else:
+        y = np.digitize(f + 0.3 * rng.standard_normal(N), [-0.5, 0.8]).astype(float)
+        lb = cvi.LocalBound("ordinal", num_classes=3, thresholds=[-0.4, 0.9])
+    return X, y, kernel, lb
+
+
+def dense_bound(Sigma, y, lb, alpha, lam, mean=None):
+    """Eq. (6) with dense inverses: returns (bound, m, V)."""
+    L, N = alpha.shape
+    mean = np.zeros(L) if mean is None else mean
+    Om = np.linalg.inv(Sigma)
+    total, ms, vs, Vs = 0.0, [], [], []
+    for l in range(L):
+        V = np.linalg.inv(Om + np.diag(lam[l]))
+        m = mean[l] + Sigma @ alpha[l]
+        VO = V @ Om
+        total += 0.5 * (np.linalg.slogdet(VO)[1] - np.trace(VO) - (m - mean[l]) @ Om @ (m - mean[l]) + N)
+        ms.append(m)
+        vs.append(np.diag(V))
+        Vs.append(V)
+    m, v = np.array(ms), np.array(vs)
+    return total + lb(y, m, v)[0].sum(), m, np.array(Vs)
+
+
+@pytest.mark.parametrize("kind", ["logit", "poisson", "multinomial", "stick-breaking", "ordinal"])
+def test_fixed_point_solution_satisfies_eqs_7_and_8(kind):
+    X, y, kernel, lb = _problem(kind)
+    Sigma = kernel(X)
+    mean = np.full(lb.num_latent, 0.3)
+    r = cvi.infer(Sigma, y, lb, mean=mean, tol=0.0, max_iter=60, return_V=True)
+    bound, m, V = dense_bound(Sigma, y, lb, r.alpha, r.lambda_, mean)
+    assert r.bound == pytest.approx(bound, rel=1e-11)
+    assert np.allclose(r.V, V, atol=1e-11)
+    _, dm, dv, _, _ = lb(y, m, np.diagonal(V, axis1=1, axis2=2))
+    # eq. (7): Omega (m - mean) = g^m, i.e. alpha = g^m; eq. (8): V^-1 = Omega - 2 diag(g^v)
+    # (the means stop where the bound no longer measures Newton's gain, about 1e-16 |bound|)
+    assert np.abs(r.alpha - dm).max() < 1e-7 * max(1.0, np.abs(r.alpha).max())
+    assert np.abs(r.lambda_ + 2 * dv).max() < 1e-9 * max(1.0, np.abs(r.lambda_).max())
+    hist = r.history[:, 0]
+    assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
+
+
+@pytest.mark.parametrize("kind", ["logit", "poisson", "ordinal", "multinomial"])
+def test_opper_archambeau_objective_and_gradients(kind, rng):
+    X, y, kernel, lb = _problem(kind, N=30)
+    Sigma = kernel(X)
+    L, N = lb.num_latent, len(y)
+    alpha = rng.normal(size=(L, N)) * 0.3
+    lam = rng.uniform(0.05, 1.0, size=(L, N))
+    mean = rng.normal(size=L)
+    value, da, dl = cvi.oa_objective(Sigma, y, lb, alpha, lam, mean=mean)
+    assert value == pytest.approx(dense_bound(Sigma, y, lb, alpha, lam, mean)[0], rel=1e-11)
+    h = 1e-4  # (the objective carries ~1e-12 rounding from its Cholesky)
+    for (l, n) in [(0, 0), (L - 1, 7), (0, 19)]:
+        e = np.zeros((L, N))
+        e[l, n] = h
+        fa = (cvi.oa_objective(Sigma, y, lb, alpha + e, lam, mean=mean)[0]
+              - cvi.oa_objective(Sigma, y, lb, alpha - e, lam, mean=mean)[0]) / (2 * h)
+        fl = (cvi.oa_objective(Sigma, y, lb, alpha, lam + e, mean=mean)[0]
+              - cvi.oa_objective(Sigma, y, lb, alpha, lam - e, mean=mean)[0]) / (2 * h)
+        assert da[l, n] == pytest.approx(fa, rel=1e-6, abs=1e-8)
+        assert dl[l, n] == pytest.approx(fl, rel=1e-6, abs=1e-8)
+
+
+@pytest.mark.parametrize("kind", ["logit", "stick-breaking"])
+def test_both_methods_reach_the_same_optimum(kind):
+    # (for Poisson the Opper-Archambeau iteration needs thousands of L-BFGS steps even at N = 20)
+    X, y, kernel, lb = _problem(kind, N=40)
+    Sigma = kernel(X)
+    fp = cvi.infer(Sigma, y, lb, tol=1e-14)
+    oa = cvi.infer(Sigma, y, lb, method="opper-archambeau", tol=1e-15, max_iter=3000)
+    assert oa.bound == pytest.approx(fp.bound, rel=1e-9)
+    assert oa.bound <= fp.bound + 1e-12 * abs(fp.bound)
+    assert np.allclose(oa.alpha, fp.alpha, atol=1e-4)
+
+
+def test_blocked_updates_give_the_iterates_of_the_literal_algorithm():
+    X, y, kernel, lb = _problem("logit", N=70, variance=20.0, lengthscale=2.0)
+    Sigma = kernel(X)
+    runs = [cvi.infer(Sigma, y, lb, tol=0.0, max_iter=6, block_size=b, return_V=True)
+            for b in (1, 8, 64)]
+    for r in runs[1:]:
+        assert np.allclose(r.history[:, 0], runs[0].history[:, 0], rtol=1e-12, atol=0)
+        assert np.allclose(r.lambda_, runs[0].lambda_, rtol=1e-9, atol=1e-12)
+        assert np.allclose(r.V, runs[0].V, atol=1e-11)
+    # the literal algorithm: one rank-one update (2 N^2 -> N^2 on one triangle) per coordinate
+    assert runs[0].info["flops"] > 0
+
+
+def test_bound_never_decreases_for_large_prior_variance():
+    # log sigma = 3 (variance e^6 ~ 403): slow, strongly coupled, many scalar solves bracketed
+    X, y, kernel, lb = _problem("logit", N=60, variance=np.exp(6), lengthscale=np.exp(1.5))
+    r = cvi.infer(kernel(X), y, lb, tol=1e-12, max_iter=300)
+    hist = r.history[:, 0]
+    assert r.converged
+    assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
+    assert r.info["refused_solves"] >= 0 and r.info["bracketed_solves"] > 0
+
+
+def test_V_stays_symmetric_positive_definite_through_thousands_of_updates():
+    X, y, kernel, lb = _problem("logit", N=100, variance=5.0)
+    Sigma = kernel(X)
+    # 40 sweeps of 100 rank-one updates each (a negative tol never stops early)
+    r = cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=40, block_size=1, return_V=True)
+    assert r.iterations == 40
+    V = r.V[0]
+    assert np.array_equal(V, V.T)
+    np.linalg.cholesky(V)
+    ref = np.linalg.inv(np.linalg.inv(Sigma) + np.diag(r.lambda_[0]))
+    assert np.abs(V - ref).max() < 1e-10 * np.abs(ref).max()
+
+
+def test_warm_start_reaches_the_same_optimum():
+    X, y, kernel, lb = _problem("poisson", N=50)
+    Sigma = kernel(X)
+    cold = cvi.infer(Sigma, y, lb, tol=1e-14)
+    rng = np.random.default_rng(3)
+    warm = cvi.infer(Sigma, y, lb, tol=1e-14, alpha=cold.alpha * 0.8,
+                     lambda_=cold.lambda_ * rng.uniform(0.5, 1.5, cold.lambda_.shape))
+    assert warm.bound == pytest.approx(cold.bound, rel=1e-11)
+    assert warm.iterations < cold.iterations
+
+
+@pytest.mark.parametrize("kind", ["logit", "stick-breaking", "ordinal"])
+def test_hyperparameter_gradients_match_finite_differences(kind):
+    X, y, kernel, lb = _problem(kind, N=40)
+    codes, params = kernel._spec(X.shape[1])
+    L, N = lb.num_latent, len(y)
+    mean = np.full(L, 0.2)
+
+    def bound(params, mean, lb):
+        info, _, _, grads, _ = _core.cvi_fit_step(
+            codes, params, *lb._core_args(), X, y, mean, np.zeros((L, N)), np.zeros((L, N)),
+            500, 1e-15, 16, 30, 0.0, True, False)
+        return info["bound"], grads
+
+    _, (dk, dmean, dphi) = bound(params, mean, lb)
+    h = 1e-6
+    for j in range(params.size):
+        step = h * params[j]
+        up, down = params.copy(), params.copy()
+        up[j] += step
+        down[j] -= step
+        fd = (bound(up, mean, lb)[0] - bound(down, mean, lb)[0]) / (2 * step)
+        assert dk[j] == pytest.approx(fd, rel=2e-5, abs=1e-6)
+    for l in range(L):
+        e = np.zeros(L)
+        e[l] = h
+        fd = (bound(params, mean + e, lb)[0] - bound(params, mean - e, lb)[0]) / (2 * h)
+        assert dmean[l] == pytest.approx(fd, rel=2e-5, abs=1e-6)
+    if kind == "ordinal":
+        for k in range(2):
+            up, down = lb.thresholds.copy(), lb.thresholds.copy()
+            up[k] += h
+            down[k] -= h
+            lbu = cvi.LocalBound("ordinal", num_classes=3, thresholds=up)
+            lbd = cvi.LocalBound("ordinal", num_classes=3, thresholds=down)
+            fd = (bound(params, mean, lbu)[0] - bound(params, mean, lbd)[0]) / (2 * h)
+            assert dphi[k] == pytest.approx(fd, rel=2e-5, abs=1e-6)
+
+
+def test_predict_f_matches_the_dense_formula(rng):
+    X, y, kernel, lb = _problem("multinomial", N=40)
+    codes, params = kernel._spec(2)
+    mean = np.array([0.1, -0.2, 0.3])
+    info, alpha, lam, _, Pi = _core.cvi_fit_step(
+        codes, params, *lb._core_args(), X, y, mean, np.zeros((3, 40)), np.zeros((3, 40)),
+        200, 1e-12, 16, 30, 0.0, False, True)
+    Xs = rng.standard_normal((7, 2))
+    mu, var = _core.cvi_predict_f(codes, params, X, mean, alpha, Pi, Xs)
+    Ks, Kss = kernel(Xs, X), np.diag(kernel(Xs))
+    for l in range(3):
+        P = np.linalg.inv(kernel(X) + np.diag(1.0 / lam[l]))
+        assert np.allclose(Pi[l], P, atol=1e-10)
+        assert np.allclose(mu[:, l], mean[l] + Ks @ alpha[l], atol=1e-12)
+        assert np.allclose(var[:, l], Kss - np.einsum("ij,jk,ik->i", Ks, P, Ks), atol=1e-10)
+
+
+def test_errors_are_clear():
+    X, y, kernel, lb = _problem("logit", N=10)
+    Sigma = kernel(X)
+    with pytest.raises(ValueError, match="outside the support"):
+        cvi.infer(Sigma, np.full(10, 2.0), lb)
+    with pytest.raises(ValueError, match="class indices"):
+        cvi.infer(Sigma, np.full(10, 3.0), cvi.LocalBound("multinomial", num_classes=3))
+    with pytest.raises(ValueError, match="non-finite"):
+        bad = Sigma.copy()
+        bad[3, 2] = np.nan
+        cvi.infer(bad, y, lb)
+    with pytest.raises(ValueError, match=r"alpha must be \[1, 10\]"):
+        cvi.infer(Sigma, y, lb, alpha=np.zeros(9))
+    with pytest.raises(LinAlgError, match="positive-definite"):
+        cvi.infer(Sigma, y, lb, lambda_=np.full((1, 10), -1e3))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        cvi.LocalBound("ordinal", num_classes=3, thresholds=[1.0, 0.0])
+    with pytest.raises(ValueError, match="lambda >= 0"):
+        cvi.oa_objective(Sigma, y, lb, np.zeros((1, 10)), np.full((1, 10), -0.5))
+    with pytest.raises(ValueError, match="method"):
+        cvi.infer(Sigma, y, lb, method="newton")
