@@ -32,6 +32,7 @@ Public estimators: :class:`VGPClassifier` and :class:`VGPPoissonRegressor`; the 
 :class:`LocalBound`, :func:`infer` and :func:`oa_objective` are public for tests and benchmarks.
 """
 
+import contextlib
 import copy
 import numbers
 import time
@@ -48,9 +49,11 @@ from sklearn.preprocessing import LabelEncoder
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
+from threadpoolctl import ThreadpoolController
 
 from . import _core
 from . import likelihoods as _likelihoods
+from .exceptions import LinAlgError
 from .piecewise import llp_bound
 from .svgp import _default_kernel
 
@@ -68,6 +71,11 @@ _MAX_NEWTON = 30
 #: 2) for the multinomial ones.
 _N_GH = 40
 _N_QMC = 4096
+#: Below this many points the inference runs with one BLAS thread: its O(N^2) BLAS-2 calls and
+#: small factorisations are too short to pay for waking a second thread (measured on the shared
+#: 2-core machine: 50x slower with two threads at N = 60, 25x at N = 280).
+_ONE_BLAS_THREAD_BELOW = 512
+_controller = None
 #: Flops charged per (alpha, lambda) coordinate for one L-BFGS-B iteration (two-loop recursion
 #: with 10 pairs and the bound projections); negligible next to the O(N^3) objective.
 _LBFGS_FLOPS_PER_COORDINATE = 50
@@ -191,6 +199,17 @@ class InferenceResult:
     info: dict
 
 
+def _blas_threads_for(n):
+    """A context that holds BLAS to one thread for problems of fewer than
+    _ONE_BLAS_THREAD_BELOW points (and changes nothing above)."""
+    global _controller
+    if n >= _ONE_BLAS_THREAD_BELOW:
+        return contextlib.nullcontext()
+    if _controller is None:
+        _controller = ThreadpoolController()
+    return _controller.limit(limits=1, user_api="blas")
+
+
 def _check_sigma(Sigma):
     Sigma = np.ascontiguousarray(Sigma, dtype=np.float64)
     if Sigma.ndim != 2 or Sigma.shape[0] != Sigma.shape[1] or Sigma.shape[0] == 0:
@@ -258,14 +277,16 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
     mean = _mean_vector(mean, L)
     alpha = _latent_array(alpha, L, N, "alpha")
     lambda_ = _latent_array(lambda_, L, N, "lambda_")
-    if method == "fixed-point":
+    with _blas_threads_for(N):
+        if method == "opper-archambeau":
+            return _infer_oa(Sigma, y, local_bound, mean, alpha, np.maximum(lambda_, 0.0),
+                             max_iter, tol)
         info, a, lam, V = _core.cvi_infer(
             *local_bound._core_args(), y, Sigma, mean, alpha, lambda_, int(max_iter), float(tol),
             int(block_size), _MAX_NEWTON, float(skip_tol), bool(return_V))
-        history = info.pop("history")
-        return InferenceResult(info["bound"], a, lam, V, history, info["iterations"],
-                               info["converged"], info)
-    return _infer_oa(Sigma, y, local_bound, mean, alpha, np.maximum(lambda_, 0.0), max_iter, tol)
+    history = info.pop("history")
+    return InferenceResult(info["bound"], a, lam, V, history, info["iterations"],
+                           info["converged"], info)
 
 
 def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
@@ -392,6 +413,42 @@ class _Hyperparameters:
         return np.concatenate(parts)
 
 
+class _Run:
+    """One fit: the hyperparameters, the warm start of the inference, the last evaluation."""
+
+    def __init__(self, estimator, X, t, hyper):
+        self.estimator, self.X, self.t, self.hyper = estimator, X, t, hyper
+        L, N = hyper.local_bound.num_latent, X.shape[0]
+        self.alpha, self.lambda_ = np.zeros((L, N)), np.zeros((L, N))
+        self.last = None
+
+    def evaluate(self, theta):
+        """The bound and its gradients at theta: (info, (d_kernel, d_mean, d_thresholds))."""
+        self.hyper.set(theta)
+        try:
+            out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
+        except LinAlgError:
+            if not np.any(self.lambda_):
+                raise
+            # A warm start from far-away hyperparameters can push the rank-one updates into
+            # rounding trouble; Algorithm 1's own start (V = Sigma) is the safe one.
+            self.alpha, self.lambda_ = np.zeros_like(self.alpha), np.zeros_like(self.lambda_)
+            out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
+        info, alpha, lam, grads, Pi = out
+        # The next evaluation starts here; lambda >= 0 keeps Omega + Lambda positive definite
+        # for any kernel (the piecewise bounds allow slightly negative site precisions).
+        self.alpha, self.lambda_ = alpha, np.maximum(lam, 0.0)
+        self.last = (theta.copy(), info, alpha, lam, Pi)
+        return info, grads
+
+    def at(self, theta):
+        """(info, alpha, lambda, Pi) at theta, re-evaluated unless it was the last one."""
+        if self.last is None or not np.array_equal(self.last[0], theta):
+            self.evaluate(theta)
+        self.hyper.set(theta)
+        return self.last[1:]
+
+
 class _VGPEstimator(BaseEstimator):
     """Shared fitting logic of VGPClassifier and VGPPoissonRegressor."""
 
@@ -405,79 +462,70 @@ class _VGPEstimator(BaseEstimator):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not (isinstance(self.tol, numbers.Real) and self.tol > 0):
             raise ValueError(f"tol must be a positive number, got {self.tol!r}")
+        if not (isinstance(self.jitter, numbers.Real) and 0 <= self.jitter < 1):
+            raise ValueError(f"jitter must be a number in [0, 1), got {self.jitter!r}")
         if self.kernel is not None and not hasattr(self.kernel, "_spec"):
             raise ValueError("kernel must be a pygpfast.kernels.Kernel")
 
     def _fit(self, X, t, local_bound, mean, learn_mean):
         rs = check_random_state(self.random_state)
         kernel = copy.deepcopy(self.kernel) if self.kernel is not None else _default_kernel(X, rs)
-        hyper = _Hyperparameters(kernel, local_bound, np.asarray(mean, dtype=np.float64),
-                                 learn_mean)
-        N, L = X.shape[0], local_bound.num_latent
-        state = {"alpha": np.zeros((L, N)), "lambda": np.zeros((L, N)), "last": None}
-        self.history_ = []
-
-        def evaluate(theta):
-            hyper.set(theta)
-            info, alpha, lam, grads, Pi = self._inference(hyper, X, t, state)
-            state["alpha"], state["lambda"] = alpha, np.maximum(lam, 0.0)
-            state["last"] = (theta.copy(), info, alpha, lam, Pi)
-            return info, grads
-
-        theta0 = hyper.get()
-        if self.optimize_hyperparameters:
-            def objective(theta):
-                info, grads = evaluate(theta)
-                return -info["bound"] / N, -hyper.gradient(*grads) / N
-
-            def callback(intermediate_result):
-                self.history_.append(-float(intermediate_result.fun) * N)
-
-            res = scipy.optimize.minimize(
-                objective, theta0, jac=True, method="L-BFGS-B", bounds=hyper.bounds(),
-                callback=callback,
-                options={"maxiter": self.max_iter, "ftol": 10.0 * self.tol, "gtol": 1e-6})
-            theta, self.n_iter_ = res.x, int(res.nit)
-            if not res.success and res.nit >= self.max_iter:
-                warnings.warn(f"hyperparameter optimisation stopped after max_iter={self.max_iter} "
-                              "iterations; increase max_iter for a tighter fit",
-                              ConvergenceWarning, stacklevel=3)
-        else:
-            theta, self.n_iter_ = theta0, 0
-        if state["last"] is None or not np.array_equal(state["last"][0], theta):
-            evaluate(theta)
-        _, info, alpha, lam, Pi = state["last"]
-        hyper.set(theta)
+        run = _Run(self, X, t, _Hyperparameters(kernel, local_bound,
+                                                np.asarray(mean, dtype=np.float64), learn_mean))
+        with _blas_threads_for(X.shape[0]):
+            theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
+            info, alpha, lam, Pi = run.at(theta)
         if not self.optimize_hyperparameters:
-            self.history_ = list(info["history"][:, 0])
+            self.history_, self.n_iter_ = info["history"][:, 0].copy(), 0
         if not info["converged"]:
             warnings.warn(f"{self.method} inference did not converge in inner_max_iter="
                           f"{self.inner_max_iter} iterations; increase it or tol",
                           ConvergenceWarning, stacklevel=3)
-        self.history_ = np.asarray(self.history_, dtype=np.float64)
-        self.kernel_ = hyper.kernel
-        self.local_bound_ = hyper.local_bound
-        self.mean_ = hyper.mean
+        self.kernel_ = run.hyper.kernel
+        self.local_bound_ = run.hyper.local_bound
+        self.mean_ = run.hyper.mean
         self.bound_ = float(info["bound"])
         self.inference_info_ = {k: v for k, v in info.items() if k != "history"}
         self.alpha_, self.lambda_, self.Pi_ = alpha, lam, Pi
         self.X_train_ = X
         return self
 
-    def _inference(self, hyper, X, t, state):
-        """Inference at hyperparameters `hyper` from the warm start, with the gradients."""
+    def _optimise(self, run):
+        """L-BFGS-B on -bound / N over the hyperparameters; returns the best theta."""
+        N = run.X.shape[0]
+        history = []
+
+        def objective(theta):
+            info, grads = run.evaluate(theta)
+            return -info["bound"] / N, -run.hyper.gradient(*grads) / N
+
+        def callback(intermediate_result):
+            history.append(-float(intermediate_result.fun) * N)
+
+        res = scipy.optimize.minimize(
+            objective, run.hyper.get(), jac=True, method="L-BFGS-B", bounds=run.hyper.bounds(),
+            callback=callback,
+            options={"maxiter": self.max_iter, "ftol": 10.0 * self.tol, "gtol": 1e-6})
+        self.history_, self.n_iter_ = np.array(history), int(res.nit)
+        if not res.success and res.nit >= self.max_iter:
+            warnings.warn(f"hyperparameter optimisation stopped after max_iter={self.max_iter} "
+                          "iterations; increase max_iter for a tighter fit",
+                          ConvergenceWarning, stacklevel=4)
+        return res.x
+
+    def _inference(self, hyper, X, t, alpha, lam):
+        """Inference at hyperparameters `hyper` from the warm start (alpha, lam), with the
+        gradients: (info, alpha, lambda, (d_kernel, d_mean, d_thresholds), Pi)."""
         codes, params = hyper.kernel._spec(X.shape[1])
-        lb_args = hyper.local_bound._core_args()
-        alpha, lam = state["alpha"], state["lambda"]
         max_iter = self.inner_max_iter
         if self.method == "opper-archambeau":
-            Sigma = hyper.kernel(X)
-            oa = _infer_oa(Sigma, t, hyper.local_bound, hyper.mean, alpha, lam, max_iter,
-                           self.tol)
-            alpha, lam, max_iter = oa.alpha, oa.lambda_, 0
+            K = hyper.kernel(X)
+            K[np.diag_indices_from(K)] += self.jitter * np.mean(np.diag(K))
+            oa = _infer_oa(K, t, hyper.local_bound, hyper.mean, alpha, lam, max_iter, self.tol)
+            alpha, lam, max_iter = oa.alpha, oa.lambda_, 0  # the core then only differentiates
         info, alpha, lam, grads, Pi = _core.cvi_fit_step(
-            codes, params, *lb_args, X, t, hyper.mean, alpha, lam, max_iter, self.tol,
-            self.block_size, _MAX_NEWTON, np.sqrt(self.tol), True, True)
+            codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter, alpha,
+            lam, max_iter, self.tol, self.block_size, _MAX_NEWTON, np.sqrt(self.tol), True, True)
         if self.method == "opper-archambeau":
             info.update({k: v for k, v in oa.info.items() if k != "bound"},
                         history=oa.history, converged=oa.converged)
@@ -515,6 +563,9 @@ _COMMON_DOC = """
         Relative tolerance of the inference (the hyperparameter search stops at 10 tol).
     block_size : int
         Coordinates per BLAS-3 block of Algorithm 1 (1: the literal rank-one updates).
+    jitter : float
+        Added to the diagonal of K(X, X), relative to its mean diagonal: it keeps the rank-one
+        updates of V accurate when K is numerically singular.
     random_state : int, RandomState or None
         For the default kernel's heuristic and the quasi-Monte Carlo predictions.
 """
@@ -565,7 +616,7 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
 
     def __init__(self, likelihood="logit", *, kernel=None, bound="quadratic", n_pieces=20,
                  method="fixed-point", optimize_hyperparameters=True, max_iter=100,
-                 inner_max_iter=200, tol=1e-9, block_size=64, learn_mean=None,
+                 inner_max_iter=200, tol=1e-9, block_size=64, jitter=1e-6, learn_mean=None,
                  random_state=None):
         self.likelihood = likelihood
         self.kernel = kernel
@@ -577,6 +628,7 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         self.inner_max_iter = inner_max_iter
         self.tol = tol
         self.block_size = block_size
+        self.jitter = jitter
         self.learn_mean = learn_mean
         self.random_state = random_state
 
@@ -701,8 +753,8 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
     )
 
     def __init__(self, *, kernel=None, method="fixed-point", optimize_hyperparameters=True,
-                 max_iter=100, inner_max_iter=200, tol=1e-9, block_size=64, learn_mean=True,
-                 random_state=None):
+                 max_iter=100, inner_max_iter=200, tol=1e-9, block_size=64, jitter=1e-6,
+                 learn_mean=True, random_state=None):
         self.kernel = kernel
         self.method = method
         self.optimize_hyperparameters = optimize_hyperparameters
@@ -710,6 +762,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         self.inner_max_iter = inner_max_iter
         self.tol = tol
         self.block_size = block_size
+        self.jitter = jitter
         self.learn_mean = learn_mean
         self.random_state = random_state
 
@@ -732,7 +785,8 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
             raise ValueError("y must hold counts (non-negative integers)")
         lb = LocalBound("poisson")
         mean = np.array([np.log(max(y.mean(), 1e-3))])
-        return self._fit(X, np.ascontiguousarray(y), lb, mean, bool(self.learn_mean))
+        return self._fit(X, np.ascontiguousarray(y, dtype=np.float64), lb, mean,
+                         bool(self.learn_mean))
 
     def predict(self, X, return_std=False):
         """Predictive mean [T] of the counts, and their standard deviation [T]."""

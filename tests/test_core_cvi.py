@@ -316,7 +316,7 @@ def test_hyperparameter_gradients_match_finite_differences(kind):
 
     def bound(params, mean, lb):
         info, _, _, grads, _ = _core.cvi_fit_step(
-            codes, params, *lb._core_args(), X, y, mean, np.zeros((L, N)), np.zeros((L, N)),
+            codes, params, *lb._core_args(), X, y, mean, 0.0, np.zeros((L, N)), np.zeros((L, N)),
             500, 1e-15, 16, 30, 0.0, True, False)
         return info["bound"], grads
 
@@ -349,14 +349,17 @@ def test_predict_f_matches_the_dense_formula(rng):
     X, y, kernel, lb = _problem("multinomial", N=40)
     codes, params = kernel._spec(2)
     mean = np.array([0.1, -0.2, 0.3])
+    jitter = 1e-3  # relative to the mean diagonal of K
     info, alpha, lam, _, Pi = _core.cvi_fit_step(
-        codes, params, *lb._core_args(), X, y, mean, np.zeros((3, 40)), np.zeros((3, 40)),
-        200, 1e-12, 16, 30, 0.0, False, True)
+        codes, params, *lb._core_args(), X, y, mean, jitter, np.zeros((3, 40)),
+        np.zeros((3, 40)), 200, 1e-12, 16, 30, 0.0, False, True)
     Xs = rng.standard_normal((7, 2))
     mu, var = _core.cvi_predict_f(codes, params, X, mean, alpha, Pi, Xs)
     Ks, Kss = kernel(Xs, X), np.diag(kernel(Xs))
+    K = kernel(X)
+    K += jitter * np.mean(np.diag(K)) * np.eye(40)
     for l in range(3):
-        P = np.linalg.inv(kernel(X) + np.diag(1.0 / lam[l]))
+        P = np.linalg.inv(K + np.diag(1.0 / lam[l]))
         assert np.allclose(Pi[l], P, atol=1e-10)
         assert np.allclose(mu[:, l], mean[l] + Ks @ alpha[l], atol=1e-12)
         assert np.allclose(var[:, l], Kss - np.einsum("ij,jk,ik->i", Ks, P, Ks), atol=1e-10)

@@ -152,9 +152,9 @@ void bind_cvi(py::module_& m) {
       [](const py::array& codes, const py::array& params, int kind, const py::array& knots,
          const py::array& a, const py::array& b, const py::array& c, int num_classes,
          const py::array& thresholds, const py::array& X, const py::array& y,
-         const py::array& mean, const py::array& alpha, const py::array& lambda, int max_iter,
-         double tol, index_t block_size, int max_newton, double skip_tol, bool with_grad,
-         bool return_Pi) {
+         const py::array& mean, double jitter, const py::array& alpha, const py::array& lambda,
+         int max_iter, double tol, index_t block_size, int max_newton, double skip_tol,
+         bool with_grad, bool return_Pi) {
         const auto Xv = as_matrix(X, "X");
         const kernels::Kernel kernel = make_kernel(codes, params, Xv.cols);
         const auto lb = make_local_bound(kind, knots, a, b, c, num_classes, thresholds);
@@ -178,7 +178,7 @@ void bind_cvi(py::module_& m) {
         cvi::Result r;
         {
           py::gil_scoped_release release;
-          r = cvi::fit_step(kernel, lb, Xv, yv, mv, al.mutable_data(), la.mutable_data(), opt,
+          r = cvi::fit_step(kernel, lb, Xv, yv, mv, jitter, al.mutable_data(), la.mutable_data(), opt,
                             with_grad ? &g : nullptr, return_Pi ? Pi.mutable_data() : nullptr);
         }
         py::object grads = py::none();
@@ -187,10 +187,11 @@ void bind_cvi(py::module_& m) {
                               return_Pi ? py::object(Pi) : py::none());
       },
       py::arg("codes"), py::arg("params"), PYGPFAST_LOCAL_BOUND_ARGS, py::arg("X"), py::arg("y"),
-      py::arg("mean"), py::arg("alpha"), py::arg("lambda_"), py::arg("max_iter"), py::arg("tol"),
+      py::arg("mean"), py::arg("jitter"), py::arg("alpha"), py::arg("lambda_"), py::arg("max_iter"), py::arg("tol"),
       py::arg("block_size"), py::arg("max_newton"), py::arg("skip_tol"), py::arg("with_grad"),
       py::arg("return_Pi"),
-      "Inference at Sigma = K(X, X) from the warm start (alpha, lambda) and the bound's "
+      "Inference at Sigma = K(X, X) + jitter mean(diag K) I from the warm start (alpha, lambda) "
+      "and the bound's "
       "gradients at the optimum. Returns (result dict, alpha, lambda, (d_kernel [P], d_mean [L], "
       "d_thresholds [K-1]) or None, Pi [L, N, N] or None).");
 

@@ -10,6 +10,7 @@
 
 #include "pygpfast/blas.hpp"
 #include "pygpfast/errors.hpp"
+#include "pygpfast/linalg.hpp"
 
 namespace pygpfast::cvi {
 namespace {
@@ -53,20 +54,26 @@ void check_sigma(ConstMatrixView Sigma) {
                                     ", " + std::to_string(j) + ")");
 }
 
-// The lower Cholesky factor of B = I + diag(s) Sigma diag(s) in place, with its flops counted.
-// B >= I, so a failure means Sigma is far from positive semi-definite.
-void factor_b(ConstMatrixView Sigma, const double* s, MatrixView B, Counter& count) {
+// B = I + diag(s) Sigma diag(s) (lower triangle) and its lower Cholesky factor in place, with
+// its flops counted. B >= I when Sigma is positive semi-definite; with `jitter` a B that
+// rounding made indefinite is factorised with jitter (fine for a Newton direction, which the
+// line search checks), otherwise that is a LinAlgError.
+void factor_b(ConstMatrixView Sigma, const double* s, MatrixView B, bool jitter, Counter& count) {
   const index_t N = Sigma.rows;
   for (index_t i = 0; i < N; ++i) {
     for (index_t j = 0; j <= i; ++j) B(i, j) = s[i] * Sigma(i, j) * s[j];
     B(i, i) += 1.0;
   }
+  count.add(2.0 * static_cast<double>(N) * N + static_cast<double>(N) * N * N / 3.0);
+  if (jitter) {
+    linalg::cholesky_jitter(B);
+    return;
+  }
   const int info = blas::potrf_lower(B);
   if (info != 0)
     throw LinAlgError("dpotrf", info,
-                      "I + W^1/2 Sigma W^1/2 is not positive definite, so the kernel matrix is "
-                      "not positive semi-definite; check the kernel");
-  count.add(2.0 * static_cast<double>(N) * N + static_cast<double>(N) * N * N / 3.0);
+                      "I + Lambda^1/2 Sigma Lambda^1/2 is not positive definite, so the kernel "
+                      "matrix is not positive semi-definite; add a White kernel");
 }
 
 // The inference state: the caller's alpha and lambda [L, N], m and v [L, N], V_l [N, N] (the
@@ -236,6 +243,12 @@ class Inference {
     double& logdet = logdet_[l];
     // Applies the rule to coordinate i with current variance v_old; returns s.
     auto update = [&](index_t i, double v_old) {
+      if (!(v_old > 0.0))
+        throw LinAlgError("cvi", static_cast<int>(i + 1),
+                          "the posterior covariance lost positive definiteness at point " +
+                              std::to_string(i) +
+                              ": the kernel matrix is not numerically positive semi-definite; "
+                              "add a White kernel");
       const double c = 1.0 / v_old - lam[i];
       const double v_new = rule(i, v_old, c);
       lam[i] = 1.0 / v_new - c;
@@ -520,7 +533,7 @@ class Inference {
       sw[n] = std::sqrt(w);
       rhs[n] = w * (m[n] - mean_[l]) + g[n];
     }
-    factor_b(Sigma_, sw, B, count_);
+    factor_b(Sigma_, sw, B, true, count_);
     blas::symv(Uplo::Lower, 1.0, Sigma_, rhs, 0.0, step_a);
     for (index_t n = 0; n < N; ++n) step_a[n] *= sw[n];
     blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, B, step_a);
@@ -587,16 +600,20 @@ Result infer(const LocalBound& lb, const double* y, ConstMatrixView Sigma, const
 }
 
 Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrixView X,
-                const double* y, const double* mean, double* alpha, double* lambda,
-                const Options& opt, Gradients* grads, double* Pi_out) {
+                const double* y, const double* mean, double jitter, double* alpha,
+                double* lambda, const Options& opt, Gradients* grads, double* Pi_out) {
   const index_t N = X.rows;
   require(N >= 1, "cvi: need at least one data point");
   require(X.cols == kernel.input_dim(), "cvi: X has " + std::to_string(X.cols) +
                                             " columns but the kernel expects " +
                                             std::to_string(kernel.input_dim()));
+  require(jitter >= 0.0 && std::isfinite(jitter), "cvi: jitter must be >= 0");
   Buffer Sigma(static_cast<std::size_t>(N * N));
   MatrixView S(Sigma.data(), N, N);
   kernel.K(X, X, true, S);
+  double mean_diag = 0.0;
+  for (index_t i = 0; i < N; ++i) mean_diag += S(i, i);
+  for (index_t i = 0; i < N; ++i) S(i, i) += jitter * mean_diag / static_cast<double>(N);
   Inference inf(lb, y, S, mean, alpha, lambda, opt);
   Result res = inf.run();
   const index_t L = inf.L();
@@ -649,7 +666,7 @@ double oa_objective(const LocalBound& lb, const double* y, ConstMatrixView Sigma
     const double* lam = lambda + l * N;
     for (index_t n = 0; n < N; ++n) sw[n] = std::sqrt(lam[n]);
     MatrixView Bv(B.data(), N, N);
-    factor_b(Sigma, sw.data(), Bv, count);
+    factor_b(Sigma, sw.data(), Bv, false, count);
     logdet[l] = 0.0;
     for (index_t n = 0; n < N; ++n) logdet[l] += 2.0 * std::log(Bv(n, n));
     // V = Sigma - A^T A with A = L_B^-1 diag(sw) Sigma.

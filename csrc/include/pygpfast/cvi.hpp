@@ -171,13 +171,16 @@ struct Gradients {
   double* thresholds = nullptr;  // [K-1] (Ordinal)
 };
 
-// One evaluation of the hyperparameter objective: Sigma = K(X, X), inference from the warm
-// start (alpha, lambda) (overwritten), the bound at the optimum and, when grads is not null,
-// its gradients (envelope theorem, see above). When Pi_out [L, N, N] is not null it receives
-// Pi_l = Lambda_l - Lambda_l V_l Lambda_l for prediction.
+// One evaluation of the hyperparameter objective: Sigma = K(X, X) + jitter mean(diag K) I,
+// inference from the warm start (alpha, lambda) (overwritten), the bound at the optimum and,
+// when grads is not null, its gradients (envelope theorem, see above; the jitter is held
+// fixed). When Pi_out [L, N, N] is not null it receives Pi_l = Lambda_l - Lambda_l V_l Lambda_l
+// for prediction. The rank-one updates lose accuracy when Sigma is numerically singular and the
+// site precisions are large (a conditional variance then rounds to <= 0, a LinAlgError); a
+// relative jitter of 1e-6 bounds the condition number of Sigma.
 Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrixView X,
-                const double* y, const double* mean, double* alpha, double* lambda,
-                const Options& opt, Gradients* grads, double* Pi_out);
+                const double* y, const double* mean, double jitter, double* alpha,
+                double* lambda, const Options& opt, Gradients* grads, double* Pi_out);
 
 // The Opper-Archambeau objective (eq. 11): the same bound at m_l = mean_l + Sigma alpha_l,
 // V_l = (Omega + Lambda_l)^-1, lambda >= 0, with its gradients [L, N] in alpha and lambda

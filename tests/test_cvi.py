@@ -1,0 +1,214 @@
+"""VGPClassifier and VGPPoissonRegressor (concave variational inference, seed 004)."""
+
+import pickle
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import special
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.preprocessing import StandardScaler
+
+import pygpfast
+from pygpfast import VGPClassifier, VGPPoissonRegressor, cvi
+from pygpfast.datasets import load_ionosphere
+from pygpfast.kernels import RBF
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="module")
+def ionosphere():
+    X, y = load_ionosphere()
+    rng = np.random.default_rng(0)
+    idx = rng.permutation(len(y))
+    X = StandardScaler().fit_transform(X[:, X.std(0) > 0])
+    return X[idx[:200]], y[idx[:200]], X[idx[200:]], y[idx[200:]]
+
+
+def blobs(n, rng, C=3):
+    """A 2-D problem whose class depends smoothly on the input."""
+    X = rng.standard_normal((n, 2))
+    score = np.sin(1.5 * X[:, 0]) + X[:, 1]
+    y = np.digitize(score + 0.3 * rng.standard_normal(n), np.linspace(-1, 1, C - 1))
+    return X, y
+
+
+def test_logit_fixed_kernel_both_methods_same_bound(ionosphere):
+    Xtr, ytr, Xte, yte = ionosphere
+    kernel = RBF(variance=4.0, lengthscale=6.0)
+    fp = VGPClassifier(kernel=kernel, optimize_hyperparameters=False, tol=1e-12).fit(Xtr, ytr)
+    oa = VGPClassifier(kernel=kernel, optimize_hyperparameters=False, tol=1e-12,
+                       method="opper-archambeau", inner_max_iter=5000).fit(Xtr[:100], ytr[:100])
+    fp100 = VGPClassifier(kernel=kernel, optimize_hyperparameters=False, tol=1e-12).fit(
+        Xtr[:100], ytr[:100])
+    assert oa.bound_ == pytest.approx(fp100.bound_, rel=1e-7)
+    assert oa.bound_ <= fp100.bound_
+    assert oa.inference_info_["iterations"] > 20 * fp100.inference_info_["iterations"]
+    assert np.allclose(fp100.predict_proba(Xte), oa.predict_proba(Xte), atol=1e-4)
+    assert fp.history_[0] < fp.history_[-1] and np.all(np.diff(fp.history_) >= -1e-12 * abs(fp.bound_))
+    proba = fp.predict_proba(Xte)
+    assert proba.shape == (len(yte), 2) and np.allclose(proba.sum(1), 1.0)
+    assert np.mean(fp.predict(Xte) == yte) > 0.85
+    logp = fp.predict_log_proba(Xte)
+    assert np.allclose(np.exp(logp), proba, atol=1e-10)
+
+
+def test_logit_predictive_probability_is_the_quadrature_of_the_sigmoid(ionosphere):
+    Xtr, ytr, Xte, _ = ionosphere
+    clf = VGPClassifier(kernel=RBF(variance=4.0, lengthscale=6.0),
+                        optimize_hyperparameters=False).fit(Xtr, ytr)
+    mean, var = clf.predict_latent(Xte[:5])
+    x, w = np.polynomial.hermite_e.hermegauss(100)
+    ref = [np.sum(w * special.expit(m + np.sqrt(v) * x)) / w.sum() for m, v in zip(mean[:, 0], var[:, 0])]
+    assert np.allclose(clf.predict_proba(Xte[:5])[:, 1], ref, atol=1e-9)
+
+
+def test_hyperparameter_learning_raises_the_bound_and_pickles(ionosphere):
+    Xtr, ytr, Xte, yte = ionosphere
+    kernel = RBF(variance=1.0, lengthscale=3.0)
+    fixed = VGPClassifier(kernel=kernel, optimize_hyperparameters=False).fit(Xtr, ytr)
+    clf = VGPClassifier(kernel=kernel, max_iter=15, random_state=0)
+    with warnings.catch_warnings():  # (15 iterations may not be enough)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(Xtr, ytr)
+    assert clf.bound_ > fixed.bound_ + 1.0
+    assert clf.history_.size == clf.n_iter_
+    assert np.all(np.diff(clf.history_) >= 0)
+    assert clf.kernel_.variance != kernel.variance and kernel.variance == 1.0  # a copy learns
+    copy = pickle.loads(pickle.dumps(clf))
+    assert np.array_equal(copy.predict_proba(Xte), clf.predict_proba(Xte))
+
+
+def test_reproducible_with_random_state(rng):
+    X, y = blobs(60, rng)
+    a = VGPClassifier("multinomial", max_iter=5, random_state=3)
+    b = VGPClassifier("multinomial", max_iter=5, random_state=3)
+    with pytest.warns(ConvergenceWarning):
+        pa = a.fit(X, y).predict_proba(X[:10])
+    with pytest.warns(ConvergenceWarning):
+        pb = b.fit(X, y).predict_proba(X[:10])
+    assert np.array_equal(pa, pb)
+
+
+@pytest.mark.parametrize("likelihood", ["multinomial", "stick-breaking", "ordinal"])
+def test_multiclass_likelihoods_fit_and_predict(likelihood, rng):
+    X, y = blobs(150, rng)
+    labels = np.array(["low", "mid", "top"])[y]  # sorted order = class order for "ordinal"
+    clf = VGPClassifier(likelihood, kernel=RBF(variance=2.0, lengthscale=1.0), max_iter=30,
+                        random_state=0)
+    clf.fit(X, labels)
+    Xt, yt = blobs(300, np.random.default_rng(7))
+    proba = clf.predict_proba(Xt)
+    assert proba.shape == (300, 3) and np.all(proba >= 0)
+    assert np.allclose(proba.sum(1), 1.0, atol=1e-12 if likelihood != "multinomial" else 1e-9)
+    assert np.mean(clf.predict(Xt) == np.array(["low", "mid", "top"])[yt]) > 0.7
+    assert np.all(np.diff(clf.history_) >= 0)
+    if likelihood == "ordinal":
+        assert np.all(np.diff(clf.local_bound_.thresholds) > 0)
+
+
+def test_fixed_kernel_multinomial_methods_agree(rng):
+    X, y = blobs(60, rng)
+    kernel = RBF(variance=2.0, lengthscale=1.0)
+    fp = VGPClassifier("multinomial", kernel=kernel, optimize_hyperparameters=False,
+                       tol=1e-12).fit(X, y)
+    oa = VGPClassifier("multinomial", kernel=kernel, optimize_hyperparameters=False,
+                       method="opper-archambeau", tol=1e-10, inner_max_iter=5000).fit(X, y)
+    assert oa.bound_ == pytest.approx(fp.bound_, rel=1e-6)
+
+
+def test_ordinal_recovers_the_ground_truth(rng):
+    """Data from an ordinal cumulative-logit model with a known latent function: the posterior
+    covers the truth, and the learned thresholds are close to the true ones."""
+    n = 400
+    X = rng.uniform(-3, 3, size=(n, 1))
+    f = 2.0 * np.sin(X[:, 0])
+    phi = np.array([-1.5, 0.0, 1.5])
+    u = rng.random(n)
+    cdf = special.expit(phi[None, :] - f[:, None])  # p(y <= k)
+    y = (u[:, None] > cdf).sum(1)
+    clf = VGPClassifier("ordinal", kernel=RBF(variance=2.0, lengthscale=1.0), random_state=0)
+    clf.fit(X, y)
+    grid = np.linspace(-2.5, 2.5, 50)[:, None]
+    mean, var = clf.predict_latent(grid)
+    truth = 2.0 * np.sin(grid[:, 0])
+    inside = np.abs(mean[:, 0] - truth) <= 2.0 * np.sqrt(var[:, 0])
+    assert inside.mean() >= 0.9
+    assert np.allclose(clf.local_bound_.thresholds, phi, atol=0.6)
+
+
+def test_poisson_recovers_the_ground_truth(rng):
+    n = 300
+    X = rng.uniform(-3, 3, size=(n, 1))
+    log_rate = 1.0 + np.cos(X[:, 0])
+    y = rng.poisson(np.exp(log_rate))
+    reg = VGPPoissonRegressor(kernel=RBF(variance=1.0, lengthscale=1.0), random_state=0).fit(X, y)
+    grid = np.linspace(-2.8, 2.8, 40)[:, None]
+    mean, var = reg.predict_latent(grid)
+    truth = 1.0 + np.cos(grid[:, 0])
+    assert (np.abs(mean[:, 0] - truth) <= 2.0 * np.sqrt(var[:, 0])).mean() >= 0.9
+    pred, std = reg.predict(grid, return_std=True)
+    assert np.allclose(pred, np.exp(mean[:, 0] + var[:, 0] / 2))
+    assert np.all(std > np.sqrt(pred) - 1e-12)  # at least the Poisson noise
+
+
+def test_thread_count_does_not_change_results(rng, restore_threads):
+    X, y = blobs(80, rng, C=2)
+    results = []
+    for n in (1, 2):
+        pygpfast.set_num_threads(n)
+        clf = VGPClassifier(kernel=RBF(variance=2.0, lengthscale=1.0),
+                            optimize_hyperparameters=False).fit(X, y)
+        results.append((clf.bound_, clf.predict_proba(X)))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-12)
+    assert np.allclose(results[0][1], results[1][1], atol=1e-12)
+
+
+def test_clear_errors(rng):
+    X, y = blobs(30, rng)
+    with pytest.raises(ValueError, match="binary"):
+        VGPClassifier().fit(X, y)
+    with pytest.raises(ValueError, match="likelihood"):
+        VGPClassifier("probit").fit(X, y)
+    with pytest.raises(ValueError, match="method"):
+        VGPClassifier(method="ep").fit(X, y % 2)
+    with pytest.raises(ValueError, match="bound"):
+        VGPClassifier(bound="cubic").fit(X, y % 2)
+    with pytest.raises(ValueError, match="n_pieces"):
+        VGPClassifier(n_pieces=50).fit(X, y % 2)
+    with pytest.raises(ValueError, match="max_iter"):
+        VGPClassifier(max_iter=0).fit(X, y % 2)
+    with pytest.raises(ValueError, match="NaN"):
+        bad = X.copy()
+        bad[0, 0] = np.nan
+        VGPClassifier().fit(bad, y % 2)
+    with pytest.raises(ValueError, match="at least 2"):
+        VGPClassifier().fit(X, np.zeros(30))
+    with pytest.raises(ValueError):
+        VGPClassifier().fit(np.zeros((0, 2)), np.zeros(0))
+    with pytest.raises(ValueError, match="counts"):
+        VGPPoissonRegressor().fit(X, np.full(30, -1.0))
+    with pytest.raises(ValueError, match="counts"):
+        VGPPoissonRegressor().fit(X, np.full(30, 0.5))
+    clf = VGPClassifier(optimize_hyperparameters=False).fit(X, y % 2)
+    with pytest.raises(ValueError, match="features"):
+        clf.predict(X[:, :1])
+
+
+@pytest.mark.skipif(not (DATA / "uci_glass.npz").exists(), reason="shared data not available")
+def test_glass_multiclass_beats_the_class_frequencies():
+    d = np.load(DATA / "uci_glass.npz")
+    X = StandardScaler().fit_transform(d["X"])
+    y = d["y"]
+    rng = np.random.default_rng(0)
+    idx = rng.permutation(len(y))
+    tr, te = idx[:170], idx[170:]
+    clf = VGPClassifier("multinomial", random_state=0).fit(X[tr], y[tr])
+    proba = clf.predict_proba(X[te])
+    nlpd = -np.mean(np.log(proba[np.arange(len(te)), np.searchsorted(clf.classes_, y[te])]))
+    freq = np.bincount(y[tr], minlength=6) / len(tr)
+    baseline = -np.mean(np.log(freq[y[te]]))
+    assert nlpd < baseline - 0.3
+    assert np.mean(clf.predict(X[te]) == y[te]) > 0.55
