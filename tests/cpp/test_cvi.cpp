@@ -1,0 +1,194 @@
+// Concave variational inference (seed 004) against closed forms and a dense reference, with a
+// linked system BLAS.
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <random>
+#include <vector>
+
+#include "check.hpp"
+#include "pygpfast/blas.hpp"
+#include "pygpfast/cvi.hpp"
+#include "pygpfast/errors.hpp"
+#include "pygpfast/linalg.hpp"
+#include "pygpfast/piecewise.hpp"
+
+using namespace pygpfast;
+
+namespace {
+
+// A three-piece upper bound on llp(x) = log(1 + e^x): the constant llp(-2) up to -2, the chord
+// of llp on [-2, 2], then x + llp(-2) (so B >= llp, convex between the knots).
+piecewise::Bound small_bound() {
+  const double l2 = std::log1p(std::exp(-2.0));
+  piecewise::Bound b;
+  const double inf = std::numeric_limits<double>::infinity();
+  b.knots = {-inf, -2.0, 2.0, inf};
+  b.a = {0.0, 0.0, 0.0};
+  b.b = {0.0, 0.5, 1.0};
+  b.c = {l2, l2 + 1.0, l2};
+  return b;
+}
+
+struct Problem {
+  index_t N;
+  std::vector<double> Sigma, y;
+};
+
+// An RBF kernel matrix (variance 2, lengthscale 1) plus 1e-3 I on random 2-D inputs.
+Problem problem(index_t N, unsigned seed, bool counts) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> g;
+  std::uniform_real_distribution<double> u;
+  std::vector<double> X(2 * N);
+  for (auto& x : X) x = g(rng);
+  Problem p{N, std::vector<double>(N * N), std::vector<double>(N)};
+  for (index_t i = 0; i < N; ++i) {
+    for (index_t j = 0; j < N; ++j) {
+      const double dx = X[2 * i] - X[2 * j], dy = X[2 * i + 1] - X[2 * j + 1];
+      p.Sigma[i * N + j] = 2.0 * std::exp(-0.5 * (dx * dx + dy * dy)) + (i == j ? 1e-3 : 0.0);
+    }
+    const double f = std::sin(2.0 * X[2 * i]) + X[2 * i + 1];
+    p.y[i] = counts ? std::floor(std::exp(0.5 + f) * u(rng) * 2.0) : (u(rng) < 1.0 / (1.0 + std::exp(-2.0 * f)) ? 1.0 : 0.0);
+  }
+  return p;
+}
+
+cvi::LocalBound logit() {
+  cvi::LocalBound lb;
+  lb.type = cvi::LocalBoundType::BernoulliLogit;
+  lb.llp = small_bound();
+  return lb;
+}
+
+// Sigma - Sigma S B^-1 S Sigma with B = I + S Sigma S, S = diag(sqrt(lambda)): the dense
+// (Omega + Lambda)^-1.
+std::vector<double> dense_V(const Problem& p, const double* lambda) {
+  const index_t N = p.N;
+  std::vector<double> B(N * N), A(N * N), V(p.Sigma);
+  for (index_t i = 0; i < N; ++i)
+    for (index_t j = 0; j < N; ++j) {
+      B[i * N + j] = std::sqrt(lambda[i]) * p.Sigma[i * N + j] * std::sqrt(lambda[j]) + (i == j);
+      A[i * N + j] = std::sqrt(lambda[i]) * p.Sigma[i * N + j];
+    }
+  linalg::cholesky_jitter(MatrixView(B.data(), N, N), 0.0, 0.0);
+  linalg::solve_lower(ConstMatrixView(B.data(), N, N), MatrixView(A.data(), N, N), false);
+  blas::syrk(blas::Uplo::Lower, blas::Trans::Yes, -1.0, ConstMatrixView(A.data(), N, N), 1.0,
+             MatrixView(V.data(), N, N));
+  for (index_t i = 0; i < N; ++i)
+    for (index_t j = i + 1; j < N; ++j) V[i * N + j] = V[j * N + i];
+  return V;
+}
+
+}  // namespace
+
+PYGPFAST_TEST(poisson_and_logit_local_bounds_are_their_closed_forms) {
+  cvi::LocalBound pois;
+  pois.type = cvi::LocalBoundType::Poisson;
+  const double y[2] = {3.0, 0.0}, m[2] = {0.4, -1.0}, v[2] = {0.5, 2.0};
+  double f[2], dm[2], dv[2], d2m[2];
+  cvi::local_bounds(pois, y, 2, m, v, f, dm, dv, d2m, nullptr);
+  for (int i = 0; i < 2; ++i) {
+    const double rate = std::exp(m[i] + 0.5 * v[i]);
+    CHECK_NEAR(f[i], y[i] * m[i] - rate - std::lgamma(y[i] + 1.0), 1e-14);
+    CHECK_NEAR(dm[i], y[i] - rate, 1e-14);
+    CHECK_NEAR(dv[i], -0.5 * rate, 1e-14);
+    CHECK_NEAR(d2m[i], -rate, 1e-14);
+  }
+  const auto lb = logit();
+  const double yl[2] = {1.0, 0.0};
+  cvi::local_bounds(lb, yl, 2, m, v, f, dm, dv, d2m, nullptr);
+  for (int i = 0; i < 2; ++i) {
+    const auto e = piecewise::expected_bound_at(lb.llp, m[i], v[i]);
+    CHECK_NEAR(f[i], yl[i] * m[i] - e.value, 1e-14);
+    CHECK_NEAR(dv[i], -e.dv, 1e-14);
+    const auto s = cvi::site_bound(lb, yl[i], m + i, v + i, 2, 0, v[i]);
+    CHECK_NEAR(s.lambda, -2.0 * dv[i], 1e-14);
+  }
+}
+
+PYGPFAST_TEST(multinomial_site_bound_gives_the_softmax_site_precision) {
+  cvi::LocalBound lb;
+  lb.type = cvi::LocalBoundType::Multinomial;
+  lb.num_classes = 3;
+  const index_t N = 2;
+  const double y[N] = {2.0, 0.0};
+  const double m[3 * N] = {0.5, -1.0, 0.0, 2.0, -0.3, 0.1};  // [L, N]
+  const double v[3 * N] = {0.4, 1.5, 0.2, 0.3, 1.0, 0.05};
+  double f[N], dm[3 * N], dv[3 * N], d2m[3 * N];
+  cvi::local_bounds(lb, y, N, m, v, f, dm, dv, d2m, nullptr);
+  for (index_t n = 0; n < N; ++n)
+    for (index_t l = 0; l < 3; ++l) {
+      const auto s = cvi::site_bound(lb, y[n], m + n, v + n, N, l, v[l * N + n]);
+      CHECK_NEAR(s.value, f[n], 1e-14);
+      CHECK_NEAR(s.lambda, -2.0 * dv[l * N + n], 1e-14);
+    }
+}
+
+PYGPFAST_TEST(blocked_and_literal_algorithm_1_agree_and_solve_eqs_7_8) {
+  const auto p = problem(48, 5, false);
+  const auto lb = logit();
+  const index_t N = p.N;
+  const double mean = 0.0;
+  std::vector<std::vector<double>> V(2, std::vector<double>(N * N));
+  std::vector<std::vector<double>> lam(2, std::vector<double>(N, 0.0)), alpha(lam);
+  cvi::Result res[2];
+  const index_t blocks[2] = {1, 16};
+  for (int k = 0; k < 2; ++k) {
+    cvi::Options opt;
+    opt.block_size = blocks[k];
+    opt.tol = 0.0;
+    res[k] = cvi::infer(lb, p.y.data(), ConstMatrixView(p.Sigma.data(), N, N), &mean,
+                        alpha[k].data(), lam[k].data(), opt, V[k].data());
+  }
+  CHECK(res[0].converged && res[1].converged);
+  CHECK_NEAR(res[0].bound, res[1].bound, 1e-11 * std::fabs(res[0].bound));
+  for (std::size_t i = 0; i < res[0].history.size() && i < res[1].history.size(); ++i)
+    CHECK_NEAR(res[0].history[i].bound, res[1].history[i].bound, 1e-10);
+  for (std::size_t i = 1; i < res[1].history.size(); ++i)
+    CHECK(res[1].history[i].bound >= res[1].history[i - 1].bound - 1e-12);
+  CHECK(res[1].max_residual_alpha < 1e-7);
+  CHECK(res[1].max_residual_lambda < 1e-7);
+  const auto ref = dense_V(p, lam[1].data());
+  double err = 0.0;
+  for (index_t i = 0; i < N * N; ++i) err = std::max(err, std::fabs(ref[i] - V[1][i]));
+  CHECK(err < 1e-12);
+  // The Opper-Archambeau objective at the solution is the same bound and is stationary.
+  std::vector<double> da(N), dl(N);
+  const double oa = cvi::oa_objective(lb, p.y.data(), ConstMatrixView(p.Sigma.data(), N, N),
+                                      &mean, alpha[1].data(), lam[1].data(), da.data(), dl.data(),
+                                      nullptr, nullptr);
+  CHECK_NEAR(oa, res[1].bound, 1e-10 * std::fabs(oa));
+  double g = 0.0;
+  for (index_t i = 0; i < N; ++i) g = std::max(g, std::max(std::fabs(da[i]), std::fabs(dl[i])));
+  CHECK(g < 1e-6);
+}
+
+PYGPFAST_TEST(poisson_warm_start_and_bad_start) {
+  const auto p = problem(40, 9, true);
+  cvi::LocalBound lb;
+  lb.type = cvi::LocalBoundType::Poisson;
+  const index_t N = p.N;
+  const double mean = 0.5;
+  std::vector<double> alpha(N, 0.0), lam(N, 0.0);
+  cvi::Options opt;
+  opt.tol = 1e-13;
+  const auto cold = cvi::infer(lb, p.y.data(), ConstMatrixView(p.Sigma.data(), N, N), &mean,
+                               alpha.data(), lam.data(), opt, nullptr);
+  for (auto& l : lam) l *= 1.3;
+  const auto warm = cvi::infer(lb, p.y.data(), ConstMatrixView(p.Sigma.data(), N, N), &mean,
+                               alpha.data(), lam.data(), opt, nullptr);
+  CHECK_NEAR(warm.bound, cold.bound, 1e-10 * std::fabs(cold.bound));
+  CHECK(warm.iterations <= cold.iterations);
+  std::vector<double> bad(N, -1e4), zero(N, 0.0);
+  CHECK_THROWS(cvi::infer(lb, p.y.data(), ConstMatrixView(p.Sigma.data(), N, N), &mean,
+                          zero.data(), bad.data(), opt, nullptr),
+               LinAlgError);
+  std::vector<double> y(p.y);
+  y[3] = -1.0;
+  CHECK_THROWS(cvi::infer(lb, y.data(), ConstMatrixView(p.Sigma.data(), N, N), &mean,
+                          zero.data(), zero.data(), opt, nullptr),
+               std::invalid_argument);
+}
+
+PYGPFAST_TEST_MAIN
