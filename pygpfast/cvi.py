@@ -476,7 +476,7 @@ class _VGPEstimator(BaseEstimator):
             theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
             info, alpha, lam, Pi = run.at(theta)
         if not self.optimize_hyperparameters:
-            self.history_, self.n_iter_ = info["history"][:, 0].copy(), 0
+            self.history_, self.n_iter_, self.n_evaluations_ = info["history"][:, 0].copy(), 0, 1
         if not info["converged"]:
             warnings.warn(f"{self.method} inference did not converge in inner_max_iter="
                           f"{self.inner_max_iter} iterations; increase it or tol",
@@ -507,6 +507,7 @@ class _VGPEstimator(BaseEstimator):
             callback=callback,
             options={"maxiter": self.max_iter, "ftol": 10.0 * self.tol, "gtol": 1e-6})
         self.history_, self.n_iter_ = np.array(history), int(res.nit)
+        self.n_evaluations_ = int(res.nfev)
         if not res.success and res.nit >= self.max_iter:
             warnings.warn(f"hyperparameter optimisation stopped after max_iter={self.max_iter} "
                           "iterations; increase max_iter for a tighter fit",
@@ -578,6 +579,8 @@ _COMMON_ATTRIBUTES = """
         the hyperparameters are fixed.
     n_iter_ : int
         Hyperparameter iterations.
+    n_evaluations_ : int
+        Inferences run (one per evaluation of the bound and its gradient).
     kernel_ : pygpfast.kernels.Kernel
     mean_ : ndarray [L]
         Constant prior means of the latent functions.
