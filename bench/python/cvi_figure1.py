@@ -23,7 +23,8 @@ objective function is below 1e-3"; the table also gives the flops to reach the f
 
 Usage: python bench/python/cvi_figure1.py [--data ionosphere,glass] [--oa-max-iter 5000]
        [--threads 1] [--glass-likelihood stick-breaking|multinomial] [--replot]
-Writes bench/results/cvi_figure1.json and bench/cvi_figure1_<data>.png.
+Writes bench/results/cvi_figure1_<data>.json and bench/cvi_figure1_<data>.png (<data>:
+ionosphere, glass, or glass_multinomial).
 """
 
 import argparse
@@ -161,8 +162,8 @@ def main():
     if args.replot:
         import json
 
-        saved = json.loads((common.RESULTS / "cvi_figure1.json").read_text())
-        for name, res in saved["results"].items():
+        for path in sorted(common.RESULTS.glob("cvi_figure1_*.json")):
+            res = json.loads(path.read_text())
             plot(res["label"], res["rows"], res["png"])
         return
     from threadpoolctl import threadpool_limits
@@ -170,7 +171,6 @@ def main():
     import pygpfast
 
     pygpfast.set_num_threads(args.threads)
-    out = {"context": common.context(args.threads), "results": {}}
     with threadpool_limits(args.threads, user_api="blas"):
         for name in args.data.split(","):
             if not (DATA / f"uci_{name}.npz").exists():
@@ -188,12 +188,13 @@ def main():
                           f"{fmt_flops(r['fp']['flops_opt'])}/{fmt_flops(r['oa']['flops_opt'])}",
                           flush=True)
             label = f"{name} ({lb.likelihood}, N={len(y)}, D={X.shape[1]})"
-            png = Path(__file__).resolve().parents[1] / f"cvi_figure1_{name}.png"
+            tag = name if lb.likelihood in ("logit", "stick-breaking") else f"{name}_{lb.likelihood}"
+            png = Path(__file__).resolve().parents[1] / f"cvi_figure1_{tag}.png"
             plot(label, rows, png)
-            out["results"][name] = {"label": label, "rows": rows, "png": str(png)}
             print(table(label, rows))
-    out["loadavg_end"] = list(np.round(np.array(common.context(args.threads)["loadavg"]), 2))
-    print("wrote", common.write_json("cvi_figure1", out))
+            out = {"context": common.context(args.threads), "label": label, "rows": rows,
+                   "png": str(png)}
+            print("wrote", common.write_json(f"cvi_figure1_{tag}", out))
 
 
 def table(label, rows):

@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,13 +15,6 @@ namespace {
 // A loop over points is split across threads only when each thread gets this many (one
 // piecewise expectation costs about R erfc + exp).
 constexpr index_t kMinPointsPerThread = 256;
-
-std::string format_value(double v) {
-  std::ostringstream os;
-  os.precision(std::numeric_limits<double>::digits10);
-  os << v;
-  return os.str();
-}
 
 const char* name_of(LocalBoundType t) {
   switch (t) {

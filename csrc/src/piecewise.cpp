@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
+#include "pygpfast/errors.hpp"
 #include "pygpfast/threads.hpp"
 
 namespace pygpfast::piecewise {
@@ -22,13 +22,6 @@ constexpr double kTailCut = 40.0;
 // A loop over points is split across threads only when each thread gets at least this many
 // breakpoint evaluations (one erfc and one exp each).
 constexpr index_t kMinEvaluationsPerThread = 4096;
-
-std::string format_value(double v) {
-  std::ostringstream os;
-  os.precision(std::numeric_limits<double>::digits10);
-  os << v;
-  return os.str();
-}
 
 // The standardised breakpoint z = (t - m) / s with phi(z) and the small tail Q(|z|) = P(Z > |z|).
 struct Knot {

@@ -3,6 +3,8 @@
 //   pygpfast::LinAlgError -> pygpfast.LinAlgError (a numpy.linalg.LinAlgError)
 #pragma once
 
+#include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -21,6 +23,14 @@ class LinAlgError : public std::runtime_error {
   std::string routine_;
   int info_;
 };
+
+// A double with all its significant digits, for error messages.
+inline std::string format_value(double v) {
+  std::ostringstream os;
+  os.precision(std::numeric_limits<double>::digits10);
+  os << v;
+  return os.str();
+}
 
 // Throw std::invalid_argument with `message` unless `condition` holds.
 inline void require(bool condition, const std::string& message) {
