@@ -136,8 +136,12 @@ class Inference {
     if (warm_ && opt_.max_iter > 0) update_means();
     double bound = evaluate();
     record(bound);
+    // A warm start that the site residuals already call converged needs no sweep.
+    if (warm_ && opt_.max_iter > 0 &&
+        4.0 * sweep_gain_estimate() <= opt_.tol * std::max(1.0, std::fabs(bound)))
+      result_.converged = true;
     Buffer saved_V, saved_lambda, saved_logdet;
-    for (int it = 1; it <= opt_.max_iter; ++it) {
+    for (int it = 1; it <= opt_.max_iter && !result_.converged; ++it) {
       const double previous = bound;
       // (a) the variances, guarded: a sweep that lowers the bound is undone and damped.
       saved_V = V_;
