@@ -425,13 +425,19 @@ class _Run:
     def evaluate(self, theta):
         """The bound and its gradients at theta: (info, (d_kernel, d_mean, d_thresholds))."""
         self.hyper.set(theta)
+        warm = bool(np.any(self.lambda_))
         try:
             out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
+            stalled = not out[0]["converged"]
         except LinAlgError:
-            if not np.any(self.lambda_):
+            if not warm:
                 raise
+            stalled = True
+        if warm and stalled:
             # A warm start from far-away hyperparameters can push the rank-one updates into
-            # rounding trouble; Algorithm 1's own start (V = Sigma) is the safe one.
+            # rounding trouble (a site precision so large that the cavity precision
+            # 1/v - lambda has no digits left) or stall; Algorithm 1's own start (V = Sigma)
+            # is the safe one.
             self.alpha, self.lambda_ = np.zeros_like(self.alpha), np.zeros_like(self.lambda_)
             out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
         info, alpha, lam, grads, Pi = out

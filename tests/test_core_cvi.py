@@ -386,3 +386,42 @@ def test_errors_are_clear():
         cvi.oa_objective(Sigma, y, lb, np.zeros((1, 10)), np.full((1, 10), -0.5))
     with pytest.raises(ValueError, match="method"):
         cvi.infer(Sigma, y, lb, method="newton")
+
+
+def test_guards_keep_the_bound_monotone_where_plain_sweeps_would_lower_it():
+    # Four points, multinomial bound, prior variance 33: undamped sweeps of Algorithm 1 lower
+    # the bound here (the coordinate updates are not exact coordinate ascent), so the guards
+    # damp them; the result is still the optimum of the Opper-Archambeau parameterisation.
+    X = np.array([[-0.1364], [0.325], [-0.1555], [0.268]])
+    kernel = RBF(variance=33.0, lengthscale=0.76) + White(3.3e-5)
+    y = np.array([2.0, 1.0, 2.0, 2.0])
+    lb = cvi.LocalBound("multinomial", num_classes=3)
+    Sigma = kernel(X)
+    r = cvi.infer(Sigma, y, lb, tol=1e-13)
+    assert r.converged and r.info["damped_sweeps"] > 0
+    hist = r.history[:, 0]
+    assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
+    oa = cvi.infer(Sigma, y, lb, method="opper-archambeau", tol=1e-15, max_iter=3000)
+    assert oa.bound == pytest.approx(r.bound, rel=1e-8)
+
+
+def test_a_start_that_stalls_is_reported_not_converged():
+    # Poisson counts from a start with rates e^38: the first sweep sets site precisions near
+    # 1e17, after which the cavity precisions 1/v - lambda have no digits left and those
+    # sites cannot move. The run must say so (the estimators then restart from lambda = 0,
+    # Algorithm 1's own start).
+    rng = np.random.default_rng(265)
+    N = int(rng.integers(3, 20))
+    X = rng.standard_normal((N, 1)) * 0.3
+    var, ls = float(np.exp(rng.uniform(-2, 6))), float(np.exp(rng.uniform(-1, 1.5)))
+    Sigma = RBF(variance=var, lengthscale=ls)(X) + 1e-6 * var * np.eye(N)
+    y = rng.integers(0, 3, N).astype(float)
+    lam0 = np.exp(rng.uniform(-6, 6, size=(1, N)))
+    alpha0 = rng.normal(size=(1, N)) * rng.uniform(0, 3)
+    lb = cvi.LocalBound("poisson")
+    assert np.min(Sigma @ alpha0[0]) > 25.0
+    stalled = cvi.infer(Sigma, y, lb, alpha=alpha0, lambda_=lam0, tol=1e-12)
+    cold = cvi.infer(Sigma, y, lb, tol=1e-12)
+    assert cold.converged and cold.info["refused_solves"] == 0
+    assert not stalled.converged
+    assert stalled.bound < cold.bound
