@@ -307,7 +307,7 @@ def test_warm_start_reaches_the_same_optimum():
     assert warm.iterations < cold.iterations
 
 
-@pytest.mark.parametrize("kind", ["logit", "stick-breaking", "ordinal"])
+@pytest.mark.parametrize("kind", ["logit", "poisson", "stick-breaking", "ordinal"])
 def test_hyperparameter_gradients_match_finite_differences(kind):
     X, y, kernel, lb = _problem(kind, N=40)
     codes, params = kernel._spec(X.shape[1])

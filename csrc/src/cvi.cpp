@@ -367,6 +367,9 @@ class Inference {
     auto phi = [&](double v) { return std::log(v) - c * v + 2.0 * e.value; };
     double u0 = std::log(v_old), g0 = g(u0);
     const double phi0 = phi(v_old);
+    // phi is flat at its maximum: values that differ by the rounding of its terms are equal.
+    const double noise =
+        1e-13 * (1.0 + std::fabs(std::log(v_old)) + std::fabs(c * v_old) + 2.0 * std::fabs(e.value));
     constexpr double kTol = 1e-14;
     double u = u0;
     if (std::fabs(g0) > kTol) {
@@ -408,8 +411,7 @@ class Inference {
       g(u);  // (leaves e at the result for phi)
     }
     const double v = std::exp(u);
-    if (!(phi(v) >= phi0 - kTol * std::max(1.0, std::fabs(phi0))) || !(v > 0.0) ||
-        !std::isfinite(v)) {
+    if (!(phi(v) >= phi0 - noise) || !(v > 0.0) || !std::isfinite(v)) {
       ++result_.refused_solves;
       return v_old;
     }
