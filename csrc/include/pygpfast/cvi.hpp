@@ -26,31 +26,42 @@
 //      rank-one update V += (v - v_old) / v_old^2 V[:, i] V[:, i]^T (eqs. 19-20, whose sign in
 //      eq. 19 is a typo: the column scales by v / v_old). log|I + Lambda Sigma| follows each
 //      update exactly: it grows by log(v_old / v).
-//  (b) m by Newton's method on eq. (21) with V fixed, as in GPML's Laplace mode (B = I +
-//      W^1/2 Sigma W^1/2, W = -d^2 f_b / dm^2 clipped at 0), with a backtracking line search;
-//      multi-class likelihoods take one Newton step per latent function in turn.
+//  (b) m by Newton's method on eq. (21) with V fixed, with a backtracking line search. For
+//      the likelihoods that are Gaussian expectations the Hessian's likelihood part is
+//      W = -2 g^v = lambda after a sweep, so (Omega + W)^-1 = V and a step costs two SYMVs; for
+//      the multinomial bound W = diag(p) - p p^T per point and a Woodbury correction through
+//      one N x N Cholesky makes the step joint over the C latents. When such steps are cut by
+//      the line search or converge slowly, exact GPML-style steps take over (B = I + W^1/2
+//      Sigma W^1/2, one latent at a time).
 // Blocked form of (a): the coordinates of a block J of b points are updated one after another
 // exactly as above using only the b x b block of V (O(b^2) each), and the accumulated rank-b
 // update V += U diag(s) U^T is applied at the end of the block with two SYRKs (BLAS 3). The
 // iterates are those of the literal rank-one algorithm (block_size = 1, BLAS 2, one DSYR per
-// coordinate), in N^3 flops per sweep instead of N^3 flops of memory-bound rank-one updates.
+// coordinate), with the same N^3 flops per sweep run as BLAS 3 instead of memory-bound BLAS 2.
 // Only the lower triangle of V is updated during a sweep.
 //
 // Guards. The seed's argument that each scalar problem is concave does not hold for the
 // piecewise bounds (its expectation is not jointly concave in (m, v), and the bound jumps at its
-// breakpoints): the fixed-point iteration may leave (0, inf), oscillate, or end at a point with a
-// lower scalar objective. Then the root of the scalar stationarity condition is bracketed in
-// log v and found by safeguarded secant steps, and a result that lowers the scalar objective
-// is refused (the site keeps its value). The coordinate updates are not exact coordinate
-// ascent of the bound itself (the other sites' variances move too), so a sweep can lower the
-// bound; a sweep that does is undone and repeated with damped site updates (lambda moves by a
-// fraction rho of its step, rho = 1/2, 1/4, ...). The Newton step for m is monotone by its line
-// search. So the bound never decreases from one outer iteration to the next.
+// breakpoints), and the scalar solve can meet the flat top of its objective in rounding: the
+// fixed-point iteration is accelerated by secant steps and bracketed (Illinois) when it
+// overshoots, and a result that lowers the scalar objective by more than its rounding is
+// refused. The coordinate updates are not exact coordinate ascent of the bound itself (the other
+// sites' variances move too), so a sweep can lower the bound (it does for the multinomial bound):
+// such a sweep is undone and repeated with damped site updates (rho = 1/2, 1/4), then replaced by
+// steps of lambda along -r, r = lambda + 2 g^v, which is an ascent direction (with m fixed the
+// gradient in lambda is -1/2 (V o V) r and V o V is positive definite). The Newton steps are
+// monotone by their line search, so the bound never decreases from one outer iteration to the
+// next. A run that stops on a step that could not move, refused a solve, or leaves a site whose
+// variance would still change by a percent is reported not converged.
 //
 // Warm starts. The starting alpha and lambda may be any (lambda with Omega + Lambda positive
 // definite); V = (Omega + Lambda)^-1 is then built from V = Sigma by one pass of the same
 // blocked rank-one updates that sets each lambda_i to its starting value (N^3 flops, no
-// Cholesky). alpha = lambda = 0 is Algorithm 1's initialisation (V = Sigma, m = mean).
+// Cholesky), the means are refitted first (step b), and no sweep runs when the site residuals
+// already meet the tolerance. alpha = lambda = 0 is Algorithm 1's initialisation (V = Sigma,
+// m = mean). The cavity precision 1/v - lambda loses its digits when lambda v is close to 1
+// (a site precision that dwarfs the prior's, e.g. a start with Poisson rates e^38): such a
+// start stalls and is reported not converged.
 //
 // Hyperparameters. At the optimum the gradient of the bound with respect to Sigma is (envelope
 // theorem) G = 1/2 sum_l [alpha_l alpha_l^T - Pi_l], Pi_l = (Sigma + Lambda_l^-1)^-1 =
