@@ -70,7 +70,9 @@ def svgp_elbo(
     jitter: float,
     with_grad: bool,
     natural: bool = False,
-) -> tuple[float, float, float, float, tuple[F64, F64, F64, F64, float] | None]: ...
+    path: str = "auto",
+    return_path: bool = False,
+) -> tuple: ...  # (elbo, ell, kl, extra_jitter, grads | None[, path])
 def svgp_predict_f(
     codes: NDArray[np.int32],
     params: F64,

@@ -28,6 +28,7 @@ void bind_blas(py::module_& m) {
   blas::Table t;
   t.dgemm = reinterpret_cast<blas::dgemm_t>(capsule_pointer(b, bm, "dgemm"));
   t.dsyrk = reinterpret_cast<blas::dsyrk_t>(capsule_pointer(b, bm, "dsyrk"));
+  t.dsymm = reinterpret_cast<blas::dsymm_t>(capsule_pointer(b, bm, "dsymm"));
   t.dtrsm = reinterpret_cast<blas::dtrsm_t>(capsule_pointer(b, bm, "dtrsm"));
   t.dtrmm = reinterpret_cast<blas::dtrmm_t>(capsule_pointer(b, bm, "dtrmm"));
   t.dgemv = reinterpret_cast<blas::dgemv_t>(capsule_pointer(b, bm, "dgemv"));

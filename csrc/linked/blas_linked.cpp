@@ -6,6 +6,8 @@ extern "C" {
 void dgemm_(char*, char*, int*, int*, int*, double*, double*, int*, double*, int*, double*, double*,
             int*);
 void dsyrk_(char*, char*, int*, int*, double*, double*, int*, double*, double*, int*);
+void dsymm_(char*, char*, int*, int*, double*, double*, int*, double*, int*, double*, double*,
+            int*);
 void dtrsm_(char*, char*, char*, char*, int*, int*, double*, double*, int*, double*, int*);
 void dtrmm_(char*, char*, char*, char*, int*, int*, double*, double*, int*, double*, int*);
 void dgemv_(char*, int*, int*, double*, double*, int*, double*, int*, double*, double*, int*);
@@ -27,6 +29,7 @@ void install_linked_blas() {
   Table t;
   t.dgemm = dgemm_;
   t.dsyrk = dsyrk_;
+  t.dsymm = dsymm_;
   t.dtrsm = dtrsm_;
   t.dtrmm = dtrmm_;
   t.dgemv = dgemv_;

@@ -21,6 +21,8 @@ namespace pygpfast::blas {
 using dgemm_t = void (*)(char*, char*, int*, int*, int*, double*, double*, int*, double*, int*,
                          double*, double*, int*);
 using dsyrk_t = void (*)(char*, char*, int*, int*, double*, double*, int*, double*, double*, int*);
+using dsymm_t = void (*)(char*, char*, int*, int*, double*, double*, int*, double*, int*, double*,
+                         double*, int*);
 using dtrsm_t = void (*)(char*, char*, char*, char*, int*, int*, double*, double*, int*, double*,
                          int*);
 using dtrmm_t = dtrsm_t;
@@ -41,6 +43,7 @@ using dpotrs_t = void (*)(char*, int*, int*, double*, int*, double*, int*, int*)
 struct Table {
   dgemm_t dgemm = nullptr;
   dsyrk_t dsyrk = nullptr;
+  dsymm_t dsymm = nullptr;
   dtrsm_t dtrsm = nullptr;
   dtrmm_t dtrmm = nullptr;
   dgemv_t dgemv = nullptr;
@@ -76,6 +79,10 @@ void gemm(Trans ta, Trans tb, double alpha, ConstMatrixView A, ConstMatrixView B
 // C = alpha * op(A) op(A)^T + beta * C, only the `uplo` triangle of C is referenced/written.
 // Trans::No: A is n x k, C = A A^T. Trans::Yes: A is k x n, C = A^T A.
 void syrk(Uplo uplo, Trans t, double alpha, ConstMatrixView A, double beta, MatrixView C);
+// C = alpha * A B + beta * C (Side::Left) or alpha * B A + beta * C (Side::Right), A symmetric
+// with only its `uplo` triangle referenced.
+void symm(Side side, Uplo uplo, double alpha, ConstMatrixView A, ConstMatrixView B, double beta,
+          MatrixView C);
 // B = alpha * op(A)^{-1} B (Side::Left) or alpha * B op(A)^{-1} (Side::Right); A triangular.
 void trsm(Side side, Uplo uplo, Trans t, Diag d, double alpha, ConstMatrixView A, MatrixView B);
 // B = alpha * op(A) B (Side::Left) or alpha * B op(A) (Side::Right); A triangular.
