@@ -36,6 +36,7 @@ def kernel_K_vjp(
     G: F64,
     want_dX: bool = False,
     want_dX2: bool = False,
+    values: F64 | None = None,
 ) -> tuple[F64, F64 | None, F64 | None]: ...
 def kernel_Kdiag_vjp(codes: NDArray[np.int32], params: F64, X: F64, g: F64) -> F64: ...
 

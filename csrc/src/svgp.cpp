@@ -51,13 +51,15 @@ void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatr
                                     std::to_string(i) + "); S = L L^T must be positive definite");
 }
 
-// Lz with Lz Lz^T = K(Z, Z) + jitter I. Returns the extra jitter escalation needed.
+// Lz with Lz Lz^T = K(Z, Z) + jitter I, and K(Z, Z) itself in `Kzz` when not null. Returns the
+// extra jitter escalation needed.
 double inducing_cholesky(const kernels::Kernel& kernel, ConstMatrixView Z, double jitter,
-                         Buffer& Lz) {
+                         Buffer& Lz, Buffer* Kzz = nullptr) {
   const index_t M = Z.rows;
-  Lz.assign(static_cast<std::size_t>(M * M), 0.0);
+  Lz.resize(static_cast<std::size_t>(M * M));
   MatrixView L(Lz.data(), M, M);
   kernel.K(Z, Z, true, L);
+  if (Kzz != nullptr) *Kzz = Lz;
   for (index_t i = 0; i < M; ++i) L(i, i) += jitter;
   return linalg::cholesky_jitter(L).jitter;
 }
@@ -485,8 +487,8 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
               " latent functions but q_mu has " + std::to_string(L) + " columns");
   Result res;
 
-  Buffer Lz;
-  res.jitter = inducing_cholesky(kernel, q.Z, jitter, Lz);
+  Buffer Lz, Kzz;
+  res.jitter = inducing_cholesky(kernel, q.Z, jitter, Lz, grads != nullptr ? &Kzz : nullptr);
   const ConstMatrixView LzV(Lz.data(), M, M);
   Scratch Kzx(M * B);
   Buffer kdiag(B);
@@ -618,8 +620,8 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     for (index_t d = 0; d < D; ++d) grads->Z(i, d) = 0.0;
   Buffer dZ2(static_cast<std::size_t>(M * D), 0.0);
   MatrixView dZ2V(dZ2.data(), M, D);
-  kernel.K_vjp(q.Z, batch.X, false, r.dKzx, grads->kernel, &grads->Z, nullptr);
-  kernel.K_vjp(q.Z, q.Z, true, dLzV, grads->kernel, &dZ2V, &dZ2V);
+  kernel.K_vjp(q.Z, batch.X, false, r.dKzx, problem.Kzx, grads->kernel, &grads->Z, nullptr);
+  kernel.K_vjp(q.Z, q.Z, true, dLzV, ConstMatrixView(Kzz.data(), M, M), grads->kernel, &dZ2V, &dZ2V);
   for (index_t i = 0; i < M; ++i)
     for (index_t d = 0; d < D; ++d) grads->Z(i, d) += dZ2[i * D + d];
   Buffer gsum(B, 0.0);
