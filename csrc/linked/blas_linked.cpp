@@ -21,6 +21,8 @@ void dpotrf_(char*, int*, double*, int*, int*);
 void dpotri_(char*, int*, double*, int*, int*);
 void dtrtri_(char*, char*, int*, double*, int*, int*);
 void dpotrs_(char*, int*, int*, double*, int*, double*, int*, int*);
+void dsygst_(int*, char*, int*, double*, int*, double*, int*, int*);
+void dlauum_(char*, int*, double*, int*, int*);
 }
 
 namespace pygpfast::blas {
@@ -43,6 +45,8 @@ void install_linked_blas() {
   t.dpotri = dpotri_;
   t.dtrtri = dtrtri_;
   t.dpotrs = dpotrs_;
+  t.dsygst = dsygst_;
+  t.dlauum = dlauum_;
   set_table(t);
 }
 

@@ -41,7 +41,8 @@ void check(bool ok, const char* routine, const char* what) {
 const std::vector<std::string>& routine_names() {
   static const std::vector<std::string> names = {
       "dgemm", "dsyrk", "dsymm",  "dtrsm",  "dtrmm",  "dgemv", "dtrsv", "dsymv",
-      "dger",  "ddot",  "daxpy",  "dscal",  "dpotrf", "dpotri", "dtrtri", "dpotrs"};
+      "dger",  "ddot",  "daxpy",  "dscal",  "dpotrf", "dpotri", "dtrtri", "dpotrs",
+      "dsygst", "dlauum"};
   return names;
 }
 
@@ -63,6 +64,8 @@ void set_table(const Table& t) {
       reinterpret_cast<const void*>(t.dpotri),
       reinterpret_cast<const void*>(t.dtrtri),
       reinterpret_cast<const void*>(t.dpotrs),
+      reinterpret_cast<const void*>(t.dsygst),
+      reinterpret_cast<const void*>(t.dlauum),
   };
   std::string missing;
   for (std::size_t i = 0; i < routine_names().size(); ++i)
@@ -243,6 +246,27 @@ int potri_lower(MatrixView L) {
   char ul = 'U';
   int in = to_int(L.rows, "potri"), la = ld_of(L), info = 0;
   table().dpotri(&ul, &in, L.data, &la, &info);
+  return info;
+}
+
+int lauum_lower(MatrixView L) {
+  check(L.rows == L.cols, "lauum", "L must be square");
+  if (L.rows == 0) return 0;
+  // Row-major lower L is column-major upper U = L^T, and dlauum('U') forms U U^T = L^T L.
+  char ul = 'U';
+  int in = to_int(L.rows, "lauum"), la = ld_of(L), info = 0;
+  table().dlauum(&ul, &in, L.data, &la, &info);
+  return info;
+}
+
+int congruence_lower(MatrixView A, ConstMatrixView L) {
+  check(A.rows == A.cols && L.rows == L.cols && A.rows == L.rows, "sygst", "A and L must be square and alike");
+  if (A.rows == 0) return 0;
+  // Column-major, L is U = L^T (upper) and A's row-major lower triangle its upper one:
+  // dsygst(3, 'U') forms U A U^T = L^T A L.
+  int itype = 3, in = to_int(A.rows, "sygst"), la = ld_of(A), lb = ld_of(L), info = 0;
+  char ul = 'U';
+  table().dsygst(&itype, &ul, &in, A.data, &la, const_cast<double*>(L.data), &lb, &info);
   return info;
 }
 

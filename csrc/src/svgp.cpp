@@ -132,26 +132,6 @@ void symmetrise(MatrixView A) {
     for (index_t j = 0; j < i; ++j) A(i, j) = A(j, i) = 0.5 * (A(i, j) + A(j, i));
 }
 
-// Reverse mode of the Cholesky factorisation (Murray 2016): given Lbar = dE/dL (lower),
-// returns in `out` the symmetric G with dE = sum_ij G_ij dA_ij:
-//   G = L^-T sym(Phi(L^T Lbar)) L^-1, Phi = lower triangle with the diagonal halved.
-void cholesky_reverse(ConstMatrixView L, MatrixView Lbar_in_G_out) {
-  const index_t M = L.rows;
-  MatrixView G = Lbar_in_G_out;
-  blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, L, G);  // L^T Lbar
-  for (index_t i = 0; i < M; ++i) {
-    G(i, i) *= 0.5;
-    for (index_t j = 0; j < i; ++j) {
-      const double v = 0.5 * G(i, j);
-      G(i, j) = v;
-      G(j, i) = v;
-    }
-  }
-  blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, L, G);
-  blas::trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, L, G);
-  symmetrise(G);  // (away rounding)
-}
-
 double fixed_order_sum(const double* x, index_t n) {
   double s = 0.0;
   for (index_t i = 0; i < n; ++i) s += x[i];
@@ -293,9 +273,9 @@ class PrecomputedPath {
       for (index_t j = 0; j < M; ++j) Y(i, j) = j <= i ? p_.Lz(i, j) : 0.0;
     if (blas::trtri_lower(Y) != 0)  // (Lz has a positive diagonal: cannot happen)
       throw LinAlgError("trtri", 1, "the Cholesky factor of Kzz is singular");
-    Buffer Q(static_cast<std::size_t>(M * M));
+    Buffer Q(Y_);
     const MatrixView QV(Q.data(), M, M);
-    blas::syrk(Uplo::Lower, Trans::Yes, 1.0, Y, 0.0, QV);  // Y^T Y
+    blas::lauum_lower(QV);  // Y^T Y (lower triangle)
     for (index_t l = 0; l < L; ++l) {
       const MatrixView Wl = W_of(l), Sl = Sigma_of(l);
       for (index_t i = 0; i < M; ++i)
@@ -453,6 +433,11 @@ class PrecomputedPath {
 
  private:
   MatrixView W_of(index_t l) { return MatrixView(W_.data() + l * p_.M * p_.M, p_.M, p_.M); }
+
+ public:
+  const double* Linv() const { return Y_.data(); }
+
+ private:
   MatrixView Sigma_of(index_t l) { return MatrixView(Sigma_.data() + l * p_.M * p_.M, p_.M, p_.M); }
   MatrixView C_of(index_t l) const { return MatrixView(C_.data() + l * p_.M * p_.B, p_.M, p_.B); }
 
@@ -611,7 +596,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     }
   }
   zero_strict_upper(dLzV);
-  cholesky_reverse(LzV, dLzV);  // dLz now holds d/dKzz (symmetric)
+  linalg::cholesky_reverse(LzV, dLzV, precomputed ? precomputed->Linv() : nullptr);  // now d/dKzz
 
   // Kernel: through Kzx, Kzz and diag K(X) (which enters every latent function's variance).
   const index_t P = kernel.num_params();

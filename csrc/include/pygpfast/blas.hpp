@@ -39,6 +39,8 @@ using dpotrf_t = void (*)(char*, int*, double*, int*, int*);
 using dpotri_t = dpotrf_t;
 using dtrtri_t = void (*)(char*, char*, int*, double*, int*, int*);
 using dpotrs_t = void (*)(char*, int*, int*, double*, int*, double*, int*, int*);
+using dsygst_t = void (*)(int*, char*, int*, double*, int*, double*, int*, int*);
+using dlauum_t = void (*)(char*, int*, double*, int*, int*);
 
 struct Table {
   dgemm_t dgemm = nullptr;
@@ -57,6 +59,8 @@ struct Table {
   dpotri_t dpotri = nullptr;
   dtrtri_t dtrtri = nullptr;
   dpotrs_t dpotrs = nullptr;
+  dsygst_t dsygst = nullptr;
+  dlauum_t dlauum = nullptr;
 };
 
 // Names of the routines in Table, in declaration order (for filling and diagnostics).
@@ -106,5 +110,10 @@ int potrf_lower(MatrixView A);
 int trtri_lower(MatrixView L, Diag d = Diag::NonUnit);
 // In-place A^{-1} from its lower Cholesky factor (lower triangle written).
 int potri_lower(MatrixView L);
+// In place, the lower triangle of L^T L for a lower-triangular L (dlauum, M^3 / 3 flops).
+int lauum_lower(MatrixView L);
+// In place, the lower triangle of L^T A L for a symmetric A (lower triangle referenced) and a
+// lower-triangular L (dsygst with itype 3, M^3 flops).
+int congruence_lower(MatrixView A, ConstMatrixView L);
 
 }  // namespace pygpfast::blas
