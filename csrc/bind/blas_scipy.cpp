@@ -2,6 +2,11 @@
 // the extension uses the BLAS (and thread pool) that numpy/scipy already loaded.
 #include <string>
 
+#if defined(__linux__) && __has_include(<dlfcn.h>)
+#include <dlfcn.h>
+#define PYGPFAST_HAVE_DLADDR 1
+#endif
+
 #include "bind_common.hpp"
 #include "pygpfast/blas.hpp"
 
@@ -16,6 +21,24 @@ void* capsule_pointer(const py::dict& capi, const char* module, const char* name
   void* p = PyCapsule_GetPointer(cap.ptr(), PyCapsule_GetName(cap.ptr()));
   if (p == nullptr) throw py::error_already_set();
   return p;
+}
+
+// OpenBLAS's per-thread thread count, looked up in the library that provides scipy's BLAS
+// (the capsule points into scipy's cython_blas module, whose dependencies include it); null
+// when that BLAS has none.
+blas::set_num_threads_local_t find_set_num_threads_local(void* routine) {
+#ifdef PYGPFAST_HAVE_DLADDR
+  Dl_info info;
+  if (dladdr(routine, &info) == 0 || info.dli_fname == nullptr) return nullptr;
+  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  void* symbol = dlsym(handle, "openblas_set_num_threads_local");
+  dlclose(handle);  // (drops only the reference taken by RTLD_NOLOAD)
+  return reinterpret_cast<blas::set_num_threads_local_t>(symbol);
+#else
+  (void)routine;
+  return nullptr;
+#endif
 }
 
 }  // namespace
@@ -44,7 +67,9 @@ void bind_blas(py::module_& m) {
   t.dpotrs = reinterpret_cast<blas::dpotrs_t>(capsule_pointer(l, lm, "dpotrs"));
   t.dsygst = reinterpret_cast<blas::dsygst_t>(capsule_pointer(l, lm, "dsygst"));
   t.dlauum = reinterpret_cast<blas::dlauum_t>(capsule_pointer(l, lm, "dlauum"));
+  t.set_num_threads_local = find_set_num_threads_local(reinterpret_cast<void*>(t.dgemm));
   blas::set_table(t);
+  m.attr("blas_per_thread_control") = t.set_num_threads_local != nullptr;
   m.attr("blas_source") = "scipy.linalg.cython_blas/cython_lapack";
 
   m.def(

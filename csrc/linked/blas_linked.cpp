@@ -23,6 +23,8 @@ void dtrtri_(char*, char*, int*, double*, int*, int*);
 void dpotrs_(char*, int*, int*, double*, int*, double*, int*, int*);
 void dsygst_(int*, char*, int*, double*, int*, double*, int*, int*);
 void dlauum_(char*, int*, double*, int*, int*);
+// Present from OpenBLAS 0.3.27 on; weak, so older BLAS still link.
+int openblas_set_num_threads_local(int) __attribute__((weak));
 }
 
 namespace pygpfast::blas {
@@ -47,6 +49,7 @@ void install_linked_blas() {
   t.dpotrs = dpotrs_;
   t.dsygst = dsygst_;
   t.dlauum = dlauum_;
+  t.set_num_threads_local = openblas_set_num_threads_local;  // (null if absent)
   set_table(t);
 }
 

@@ -446,13 +446,22 @@ class PrecomputedPath {
   Scratch C_;
 };
 
-// The cheaper path by the flop counts of svgp.hpp, triangular BLAS-3 weighted at 1 / 0.7.
-Path cheaper_path(index_t M, index_t B, index_t L) {
+// Flop counts of the two paths (svgp.hpp), triangular BLAS-3 weighted at 1 / 0.7.
+double path_cost(Path path, index_t M, index_t B, index_t L) {
   const double bm2 = static_cast<double>(B) * M * M, m3 = static_cast<double>(M) * M * M;
-  const double solve = (4.0 + 4.0 * L) * bm2;
-  const double precomputed = 3.1 * L * bm2 + (6.0 + 7.3 * L) * m3;
-  return precomputed < solve ? Path::Precomputed : Path::Solve;
+  return path == Path::Solve ? (4.0 + 4.0 * L) * bm2 + 2.0 * m3 : 3.1 * L * bm2 + (5.0 + 7.3 * L) * m3;
 }
+
+Path cheaper_path(index_t M, index_t B, index_t L) {
+  return path_cost(Path::Precomputed, M, B, L) < path_cost(Path::Solve, M, B, L) ? Path::Precomputed
+                                                                                    : Path::Solve;
+}
+
+// An evaluation below this many flop-equivalents (~0.7 ms on one core) runs on one thread
+// (threads.hpp): its BLAS calls and loops are too small to gain from a second one, which costs
+// a wake-up per call and, on a shared machine, a wait at every barrier (measured: at M = 64,
+// B = 256 two threads were slower than one even on an idle machine).
+constexpr double kSingleThreadWork = 3e7;
 
 // Points whose variances the precomputed path double-checks by triangular solves.
 constexpr index_t kCheckedPoints = 4;
@@ -471,6 +480,9 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
           "svgp: the likelihood needs " + std::to_string(likelihoods::latent_dim(lik)) +
               " latent functions but q_mu has " + std::to_string(L) + " columns");
   Result res;
+  if (path == Path::Auto) path = cheaper_path(M, B, L);
+  const double work = path_cost(path, M, B, L) + 30.0 * M * B + 50.0 * B * L * lik.n_gh;
+  const SingleThreadScope single(work < kSingleThreadWork);
 
   Buffer Lz, Kzz;
   res.jitter = inducing_cholesky(kernel, q.Z, jitter, Lz, grads != nullptr ? &Kzz : nullptr);
@@ -485,7 +497,6 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
 
   // Marginals: mu, var [B, L].
   Buffer mu(static_cast<std::size_t>(B * L)), var(static_cast<std::size_t>(B * L));
-  if (path == Path::Auto) path = cheaper_path(M, B, L);
   std::unique_ptr<PrecomputedPath> precomputed;
   std::unique_ptr<SolvePath> solve;
   if (path == Path::Precomputed) {

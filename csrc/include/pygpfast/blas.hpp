@@ -41,6 +41,8 @@ using dtrtri_t = void (*)(char*, char*, int*, double*, int*, int*);
 using dpotrs_t = void (*)(char*, int*, int*, double*, int*, double*, int*, int*);
 using dsygst_t = void (*)(int*, char*, int*, double*, int*, double*, int*, int*);
 using dlauum_t = void (*)(char*, int*, double*, int*, int*);
+// OpenBLAS (>= 0.3.27): the calling thread's BLAS thread count; returns the previous one.
+using set_num_threads_local_t = int (*)(int);
 
 struct Table {
   dgemm_t dgemm = nullptr;
@@ -61,12 +63,15 @@ struct Table {
   dpotrs_t dpotrs = nullptr;
   dsygst_t dsygst = nullptr;
   dlauum_t dlauum = nullptr;
+  // Optional (null when the BLAS has no per-thread setting): see threads.hpp.
+  set_num_threads_local_t set_num_threads_local = nullptr;
 };
 
 // Names of the routines in Table, in declaration order (for filling and diagnostics).
 const std::vector<std::string>& routine_names();
 
-// Install a table. Throws std::runtime_error naming every missing routine.
+// Install a table. Throws std::runtime_error naming every missing routine (all but the
+// optional set_num_threads_local).
 void set_table(const Table& table);
 const Table& table();  // throws std::runtime_error if no table was installed
 bool has_table();
