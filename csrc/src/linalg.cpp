@@ -171,7 +171,7 @@ void cholesky_reverse(ConstMatrixView L, MatrixView G, const double* Linv) {
   }
 }
 
-void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G) {
+void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G, double beta) {
   const index_t M = A.rows, K = A.cols;
   require(G.rows == M && G.cols == M, "weighted_gram: G must be [M, M] for A [M, K]");
   bool any_positive = false;
@@ -187,7 +187,7 @@ void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, Matrix
 #pragma omp simd
       for (index_t k = 0; k < K; ++k) w[k] = a[k] * root[k];
     }
-    blas::syrk(blas::Uplo::Lower, blas::Trans::No, sign, W, sign < 0 ? 0.0 : 1.0, G);
+    blas::syrk(blas::Uplo::Lower, blas::Trans::No, sign, W, sign < 0 ? beta : 1.0, G);
   }
   for (index_t i = 0; i < M; ++i)
     for (index_t j = i + 1; j < M; ++j) G(i, j) = G(j, i);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -26,11 +27,19 @@ using Buffer = std::vector<double>;
 // they skip std::vector's zero-fill pass.
 class Scratch {
  public:
-  explicit Scratch(index_t n) : p_(new double[static_cast<std::size_t>(std::max<index_t>(n, 1))]) {}
+  Scratch() = default;
+  explicit Scratch(index_t n) { resize(n); }
+  void resize(index_t n) {
+    if (n > size_) {
+      p_.reset(new double[static_cast<std::size_t>(n)]);
+      size_ = n;
+    }
+  }
   double* data() const { return p_.get(); }
 
  private:
   std::unique_ptr<double[]> p_;
+  index_t size_ = 0;
 };
 
 void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatrixView X) {
@@ -104,18 +113,17 @@ void add_column_dots(ConstMatrixView A, ConstMatrixView B, double* out) {
   }
 }
 
-// The lower triangle (with the diagonal) of C = alpha X Y^T for X, Y [M, K], in row blocks
-// so that the GEMMs skip all but ~M nb / 2 of the M^2 / 2 entries above the diagonal; the
-// strict upper triangle is set to 0.
-void gemm_nt_lower(double alpha, ConstMatrixView X, ConstMatrixView Y, MatrixView C) {
+// The lower triangle (with the diagonal) of C = alpha X Y^T + beta C for X, Y [M, K], in row
+// blocks so that the GEMMs skip all but ~M nb / 2 of the M^2 / 2 entries above the diagonal.
+// Entries above the diagonal are left as garbage: callers read the lower triangle.
+void gemm_nt_lower(double alpha, ConstMatrixView X, ConstMatrixView Y, double beta, MatrixView C) {
   const index_t M = X.rows;
   const index_t nb = std::max<index_t>(32, (M + 7) / 8);
   for (index_t i0 = 0; i0 < M; i0 += nb) {
     const index_t rows = std::min(nb, M - i0), cols = i0 + rows;
     blas::gemm(Trans::No, Trans::Yes, alpha, ConstMatrixView(X.row(i0), rows, X.cols, X.ld),
-               ConstMatrixView(Y.data, cols, Y.cols, Y.ld), 0.0, MatrixView(C.row(i0), rows, cols, C.ld));
+               ConstMatrixView(Y.data, cols, Y.cols, Y.ld), beta, MatrixView(C.row(i0), rows, cols, C.ld));
   }
-  for (index_t i = 0; i < M; ++i) std::fill(C.row(i) + i + 1, C.row(i) + M, 0.0);
 }
 
 void zero_strict_upper(MatrixView A) {
@@ -138,313 +146,394 @@ double fixed_order_sum(const double* x, index_t n) {
   return s;
 }
 
-// What the forward pass needs and the reverse pass produces, shared by both paths. All
-// gradients are of the (scaled) expected log-likelihood alone, in whitened coordinates.
-struct Problem {
-  index_t M, B, L;
-  ConstMatrixView Lz;   // [M, M]
-  ConstMatrixView Kzx;  // [M, B]
-  const double* kdiag;  // [B]
-  const Buffer& mw;     // [M, L]
-  const Buffer& Lw;     // [L, M, M]
-  ConstMatrixView Lw_of(index_t l) const { return ConstMatrixView(Lw.data() + l * M * M, M, M); }
-};
-
-struct Reverse {
-  // in: d ELL / d mu, d ELL / d var, [B, L] each (already scaled by N / B)
-  const double* gmu = nullptr;
-  const double* gvar = nullptr;
-  // which outputs are wanted
-  bool want_dLw = true;   // d ELL / d L_w
-  bool want_dSw = false;  // d ELL / d S_w (natural gradients)
-  // out
-  Buffer dmw;             // [M, L]
-  Buffer dLw;             // [L, M, M] lower (if want_dLw)
-  Buffer dSw;             // [L, M, M] symmetric (if want_dSw)
-  Buffer dLz;             // [M, M] lower: through the marginals' dependence on Lz
-  MatrixView dKzx;        // [M, B], in a buffer owned by the path
-};
-
-// B-vector of latent function l's entries of a [B, L] array.
-void latent_column(const double* a, index_t B, index_t L, index_t l, double* out) {
-  for (index_t n = 0; n < B; ++n) out[n] = a[n * L + l];
+void add_to(Buffer& into, const Buffer& from) {
+  if (from.empty()) return;
+  if (into.empty()) {
+    into = from;
+    return;
+  }
+  for (std::size_t i = 0; i < into.size(); ++i) into[i] += from[i];
 }
 
-// ---- Path::Solve: A = Lz^-1 Kzx, T_l = L_w,l^T A --------------------------------------------
+// [n] entries of latent function l of a [n, L] array.
+void latent_column(const double* a, index_t n, index_t L, index_t l, double* out) {
+  for (index_t i = 0; i < n; ++i) out[i] = a[i * L + l];
+}
 
-class SolvePath {
- public:
-  explicit SolvePath(const Problem& p) : p_(p), A_(p.M * p.B), T_(p.L * p.M * p.B) {}
+// ---- What the column blocks of a minibatch share: O(M^3), prepared before them ------------------
 
-  void marginals(double* mu, double* var) {
-    const index_t M = p_.M, B = p_.B, L = p_.L;
-    const MatrixView A(A_.data(), M, B);
-    std::copy(p_.Kzx.data, p_.Kzx.data + M * B, A.data);
-    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, p_.Lz, A);
-    if (L == 1)  // (a GEMM with one column runs far below GEMV's speed in OpenBLAS)
-      blas::gemv(Trans::Yes, 1.0, A, p_.mw.data(), 0.0, mu);
-    else
-      blas::gemm(Trans::Yes, Trans::No, 1.0, A, ConstMatrixView(p_.mw.data(), M, L), 0.0,
-                 MatrixView(mu, B, L));
-    Buffer a2(B), t2(B);
-    column_sums_of_squares(A, a2.data());
-    for (index_t l = 0; l < L; ++l) {
-      const MatrixView Tl = T_of(l);
-      std::copy(A.data, A.data + M * B, Tl.data);
-      blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, p_.Lw_of(l), Tl);
-      column_sums_of_squares(Tl, t2.data());
-      for (index_t n = 0; n < B; ++n) var[n * L + l] = std::max(p_.kdiag[n] - a2[n] + t2[n], 0.0);
-    }
-  }
+struct Shared {
+  index_t M = 0, L = 0;
+  Buffer Lz, Kzz, mw, Lw;
+  // Path::Precomputed: Y = Lz^-1, W_l = Y^T L_w,l, Sigma_l = W_l W_l^T - Y^T Y (full), beta = Y^T m_w.
+  bool precomputed = false;
+  Buffer Y, W, Sigma, beta;
 
-  // d/dm_w = A gmu; d/dS_w,l = A diag(g_l) A^T; d/dL_w,l = 2 tril(A diag(g_l) T_l^T);
-  // d/dA = sum_l 2 L_w,l T_l diag(g_l) - 2 A diag(sum_l g_l) + m_w gmu^T;
-  // d/dKzx = Lz^-T d/dA; d/dLz = -tril(d/dKzx A^T).
-  void reverse(Reverse& r) {
-    const index_t M = p_.M, B = p_.B, L = p_.L;
-    const MatrixView A(A_.data(), M, B);
-    r.dmw.resize(static_cast<std::size_t>(M * L));
-    if (L == 1)
-      blas::gemv(Trans::No, 1.0, A, r.gmu, 0.0, r.dmw.data());
-    else
-      blas::gemm(Trans::No, Trans::No, 1.0, A, ConstMatrixView(r.gmu, B, L), 0.0,
-                 MatrixView(r.dmw.data(), M, L));
-    if (r.want_dLw) r.dLw.resize(static_cast<std::size_t>(L * M * M));
-    if (r.want_dSw) r.dSw.resize(static_cast<std::size_t>(L * M * M));
-    Buffer gsum(B, 0.0), gl(B);
-    std::unique_ptr<Scratch> W;
-    for (index_t l = 0; l < L; ++l) {
-      latent_column(r.gvar, B, L, l, gl.data());
-      for (index_t n = 0; n < B; ++n) gsum[n] += gl[n];
-      if (r.want_dSw) {
-        if (!W) W = std::make_unique<Scratch>(M * B);
-        linalg::weighted_gram(A, gl.data(), W->data(), MatrixView(r.dSw.data() + l * M * M, M, M));
-      }
-      const MatrixView Tl = T_of(l);
-      for (index_t m = 0; m < M; ++m) {
-        double* t = Tl.row(m);
-#pragma omp simd
-        for (index_t n = 0; n < B; ++n) t[n] *= gl[n];
-      }
-      if (r.want_dLw) gemm_nt_lower(2.0, A, Tl, MatrixView(r.dLw.data() + l * M * M, M, M));
-      blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 2.0, p_.Lw_of(l), Tl);
-      if (l > 0) blas::axpy(M * B, 1.0, Tl.data, T_.data());
-    }
-    const MatrixView dA = T_of(0);
-    for (index_t m = 0; m < M; ++m) {
-      double* d = dA.row(m);
-      const double* a = A.row(m);
-#pragma omp simd
-      for (index_t n = 0; n < B; ++n) d[n] -= 2.0 * a[n] * gsum[n];
-    }
-    if (L == 1)
-      blas::ger(1.0, p_.mw.data(), r.gmu, dA);
-    else
-      blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(p_.mw.data(), M, L), ConstMatrixView(r.gmu, B, L),
-                 1.0, dA);
-    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, p_.Lz, dA);
-    r.dKzx = dA;
-    r.dLz.resize(static_cast<std::size_t>(M * M));
-    gemm_nt_lower(-1.0, dA, A, MatrixView(r.dLz.data(), M, M));
-  }
+  ConstMatrixView LzV() const { return ConstMatrixView(Lz.data(), M, M); }
+  ConstMatrixView Lw_of(index_t l) const { return ConstMatrixView(Lw.data() + l * M * M, M, M); }
+  ConstMatrixView W_of(index_t l) const { return ConstMatrixView(W.data() + l * M * M, M, M); }
+  ConstMatrixView Sigma_of(index_t l) const { return ConstMatrixView(Sigma.data() + l * M * M, M, M); }
 
- private:
-  MatrixView T_of(index_t l) const { return MatrixView(T_.data() + l * p_.M * p_.B, p_.M, p_.B); }
-
-  const Problem& p_;
-  Scratch A_, T_;
-};
-
-// ---- Path::Precomputed: Sigma_l = Lz^-T (S_w,l - I) Lz^-1, C_l = Sigma_l Kzx ------------------
-
-class PrecomputedPath {
- public:
-  explicit PrecomputedPath(const Problem& p)
-      : p_(p), Y_(static_cast<std::size_t>(p.M * p.M)), W_(static_cast<std::size_t>(p.L * p.M * p.M)),
-        Sigma_(static_cast<std::size_t>(p.L * p.M * p.M)), beta_(static_cast<std::size_t>(p.M * p.L)),
-        C_(p.L * p.M * p.B) {}
-
-  // Y = Lz^-1; W_l = Y^T L_w,l; Sigma_l = W_l W_l^T - Y^T Y (= Y^T (S_w,l - I) Y); beta = Y^T m_w;
-  // C_l = Sigma_l Kzx; mu = Kzx^T beta; var_l = kdiag + colsum(Kzx o C_l).
-  void marginals(double* mu, double* var) {
-    const index_t M = p_.M, B = p_.B, L = p_.L;
-    const MatrixView Y(Y_.data(), M, M);
+  void prepare_precomputed() {
+    precomputed = true;
+    Y.assign(static_cast<std::size_t>(M * M), 0.0);
+    const MatrixView YV(Y.data(), M, M);
     for (index_t i = 0; i < M; ++i)
-      for (index_t j = 0; j < M; ++j) Y(i, j) = j <= i ? p_.Lz(i, j) : 0.0;
-    if (blas::trtri_lower(Y) != 0)  // (Lz has a positive diagonal: cannot happen)
+      for (index_t j = 0; j <= i; ++j) YV(i, j) = Lz[i * M + j];
+    if (blas::trtri_lower(YV) != 0)  // (Lz has a positive diagonal: cannot happen)
       throw LinAlgError("trtri", 1, "the Cholesky factor of Kzz is singular");
-    Buffer Q(Y_);
+    Buffer Q(Y);
     const MatrixView QV(Q.data(), M, M);
     blas::lauum_lower(QV);  // Y^T Y (lower triangle)
+    W.resize(static_cast<std::size_t>(L * M * M));
+    Sigma.resize(static_cast<std::size_t>(L * M * M));
     for (index_t l = 0; l < L; ++l) {
-      const MatrixView Wl = W_of(l), Sl = Sigma_of(l);
-      for (index_t i = 0; i < M; ++i)
-        for (index_t j = 0; j < M; ++j) Wl(i, j) = p_.Lw_of(l)(i, j);
-      blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, Wl);
+      const MatrixView Wl(W.data() + l * M * M, M, M), Sl(Sigma.data() + l * M * M, M, M);
+      std::copy(Lw.data() + l * M * M, Lw.data() + (l + 1) * M * M, Wl.data);
+      blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, YV, Wl);
       blas::syrk(Uplo::Lower, Trans::No, 1.0, Wl, 0.0, Sl);
       for (index_t i = 0; i < M; ++i)
         for (index_t j = 0; j <= i; ++j) Sl(i, j) -= QV(i, j);
       mirror_lower(Sl);
     }
-    std::copy(p_.mw.begin(), p_.mw.end(), beta_.begin());
-    const MatrixView betaV(beta_.data(), M, L);
-    blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, betaV);
-    if (L == 1)
-      blas::gemv(Trans::Yes, 1.0, p_.Kzx, beta_.data(), 0.0, mu);
+    beta = mw;
+    blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, YV, MatrixView(beta.data(), M, L));
+  }
+};
+
+// What the blocks add to the gradients, per thread (summed after the blocks in thread order).
+// All of the scaled expected log-likelihood alone, in whitened coordinates.
+struct Partials {
+  // Triangular-solve blocks: d/dm_w, d/dL_w (lower), d/dS_w, d/dLz (lower).
+  Buffer dmw, dLw, dSw, dLz;
+  // Precomputed blocks: d/dSigma_l and d/dbeta.
+  Buffer dSigma, dbeta;
+  bool any_solve = false;
+  // Kernel parameters, Z (through Kzx) and the likelihood variance.
+  Buffer dkernel, dZ;
+  double dlik = 0.0;
+
+  void add(const Partials& o) {
+    add_to(dmw, o.dmw);
+    add_to(dLw, o.dLw);
+    add_to(dSw, o.dSw);
+    add_to(dLz, o.dLz);
+    add_to(dSigma, o.dSigma);
+    add_to(dbeta, o.dbeta);
+    add_to(dkernel, o.dkernel);
+    add_to(dZ, o.dZ);
+    dlik += o.dlik;
+    any_solve = any_solve || o.any_solve;
+  }
+};
+
+struct Wants {
+  bool grads = false;  // any gradient
+  bool dLw = false;    // d/dL_w (q_sqrt's gradient, or unwhitened)
+  bool dSw = false;    // d/dS_w (natural gradients)
+};
+
+// Points per block whose precomputed variances are checked by triangular solves.
+constexpr index_t kCheckedPoints = 2;
+
+// Per-thread buffers of one column block, reused across the blocks a thread takes.
+struct BlockWork {
+  Scratch K, A, T, W;
+  Buffer kdiag, a2, t2, g, gsum;
+};
+
+// One column block [n0, n0 + nb) of the minibatch: the marginals, the expectations and (when
+// wanted) the block's share of every gradient. Precomputed blocks whose variances fail the
+// accuracy check are redone by triangular solves (svgp.hpp), so blocks may take either path.
+class BlockEvaluator {
+ public:
+  BlockEvaluator(const Shared& sh, const kernels::Kernel& kernel, const likelihoods::Likelihood& lik,
+                 const Variational& q, const Batch& batch, const Wants& wants, double* mu, double* var,
+                 double* f, double* gmu, double* gvar, double* gpar)
+      : sh_(sh), kernel_(kernel), lik_(lik), q_(q), batch_(batch), wants_(wants), mu_(mu), var_(var), f_(f),
+        gmu_(gmu), gvar_(gvar), gpar_(gpar) {}
+
+  void run(index_t n0, index_t nb, BlockWork& w, Partials& part) const {
+    const index_t M = sh_.M, L = sh_.L;
+    const ConstMatrixView Xb(batch_.X.row(n0), nb, batch_.X.cols, batch_.X.ld);
+    w.K.resize(M * nb);
+    const MatrixView K(w.K.data(), M, nb);
+    kernel_.K(q_.Z, Xb, false, K);
+    w.kdiag.resize(nb);
+    kernel_.Kdiag(Xb, w.kdiag.data());
+    double* mu = mu_ + n0 * L;
+    double* var = var_ + n0 * L;
+
+    bool precomputed = sh_.precomputed;
+    if (precomputed) {
+      w.T.resize(L * M * nb);  // C_l = Sigma_l K
+      precomputed_marginals(K, w, mu, var);
+      precomputed = variances_accurate(K, w.kdiag.data(), var, nb);
+    }
+    if (!precomputed) {
+      w.A.resize(M * nb);
+      w.T.resize(L * M * nb);
+      solve_marginals(K, w, mu, var);
+      part.any_solve = true;
+    }
+
+    likelihoods::variational_expectations(lik_, batch_.y + n0, mu, var, nb, f_ + n0, gmu_ + n0 * L,
+                                          gvar_ + n0 * L, gpar_ + n0);
+    if (!wants_.grads) return;
+    double* gmu = gmu_ + n0 * L;
+    double* gvar = gvar_ + n0 * L;
+    for (index_t i = 0; i < nb * L; ++i) {
+      gmu[i] *= batch_.scale;
+      gvar[i] *= batch_.scale;
+    }
+    part.dlik += batch_.scale * fixed_order_sum(gpar_ + n0, nb);
+    MatrixView dK = precomputed ? precomputed_reverse(K, w, gmu, gvar, part) : solve_reverse(nb, w, gmu, gvar, part);
+
+    const index_t D = q_.Z.cols;
+    if (part.dkernel.empty()) part.dkernel.assign(static_cast<std::size_t>(kernel_.num_params()), 0.0);
+    if (part.dZ.empty()) part.dZ.assign(static_cast<std::size_t>(M * D), 0.0);
+    MatrixView dZ(part.dZ.data(), M, D);
+    kernel_.K_vjp(q_.Z, Xb, false, dK, K, part.dkernel.data(), &dZ, nullptr);
+    w.gsum.assign(static_cast<std::size_t>(nb), 0.0);
+    for (index_t n = 0; n < nb; ++n)
+      for (index_t l = 0; l < L; ++l) w.gsum[n] += gvar[n * L + l];
+    kernel_.Kdiag_vjp(Xb, w.gsum.data(), part.dkernel.data());
+  }
+
+ private:
+  // ---- Path::Precomputed: C_l = Sigma_l K; mu = K^T beta; var_l = kdiag + colsum(K o C_l).
+  void precomputed_marginals(ConstMatrixView K, BlockWork& w, double* mu, double* var) const {
+    const index_t M = sh_.M, L = sh_.L, nb = K.cols;
+    if (L == 1)  // (a GEMM with one column runs far below GEMV's speed in OpenBLAS)
+      blas::gemv(Trans::Yes, 1.0, K, sh_.beta.data(), 0.0, mu);
     else
-      blas::gemm(Trans::Yes, Trans::No, 1.0, p_.Kzx, betaV, 0.0, MatrixView(mu, B, L));
-    Buffer vl(B);
+      blas::gemm(Trans::Yes, Trans::No, 1.0, K, ConstMatrixView(sh_.beta.data(), M, L), 0.0, MatrixView(mu, nb, L));
+    w.a2.resize(nb);
     for (index_t l = 0; l < L; ++l) {
-      const MatrixView Cl = C_of(l);
-      blas::symm(Side::Left, Uplo::Lower, 1.0, Sigma_of(l), p_.Kzx, 0.0, Cl);
-      std::copy(p_.kdiag, p_.kdiag + B, vl.begin());
-      add_column_dots(p_.Kzx, Cl, vl.data());
-      for (index_t n = 0; n < B; ++n) var[n * L + l] = std::max(vl[n], 0.0);
+      const MatrixView Cl(w.T.data() + l * M * nb, M, nb);
+      blas::symm(Side::Left, Uplo::Lower, 1.0, sh_.Sigma_of(l), K, 0.0, Cl);
+      std::copy(w.kdiag.begin(), w.kdiag.begin() + nb, w.a2.begin());
+      add_column_dots(K, Cl, w.a2.data());
+      for (index_t n = 0; n < nb; ++n) var[n * L + l] = std::max(w.a2[n], 0.0);
     }
   }
 
-  // The precomputed form loses about log10(cond(Kzz)) digits (see svgp.hpp). Recompute the
-  // variances of the `count` points with the largest |k_n|^2 / var_n by triangular solves;
-  // true when all agree with `var` to 1e-8 relative (1e-12 of kxx_n absolute).
-  bool variances_accurate(const double* var, index_t count) const {
-    const index_t M = p_.M, B = p_.B, L = p_.L;
-    Buffer k2(B);
-    column_sums_of_squares(p_.Kzx, k2.data());
-    std::vector<index_t> order(static_cast<std::size_t>(B));
+  // The precomputed form loses about log10(cond(Kzz)) digits (svgp.hpp). Recompute the
+  // variances of the kCheckedPoints points with the largest |k_n|^2 / var_n by triangular
+  // solves; true when all agree with `var` to 1e-8 relative (1e-12 of kxx_n absolute).
+  bool variances_accurate(ConstMatrixView K, const double* kdiag, const double* var, index_t nb) const {
+    const index_t M = sh_.M, L = sh_.L;
+    Buffer k2(nb);
+    column_sums_of_squares(K, k2.data());
+    std::vector<index_t> order(static_cast<std::size_t>(nb));
     std::iota(order.begin(), order.end(), index_t{0});
     auto exposure = [&](index_t n) {
       double v = var[n * L];
       for (index_t l = 1; l < L; ++l) v = std::min(v, var[n * L + l]);
       return k2[n] / std::max(v, 1e-300);
     };
-    count = std::min(count, B);
+    const index_t count = std::min(kCheckedPoints, nb);
     std::partial_sort(order.begin(), order.begin() + count, order.end(),
                       [&](index_t a, index_t b) { return exposure(a) > exposure(b); });
     Buffer a(M), t(M);
     for (index_t c = 0; c < count; ++c) {
       const index_t n = order[c];
-      for (index_t m = 0; m < M; ++m) a[m] = p_.Kzx(m, n);
-      blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, p_.Lz, a.data());
+      for (index_t m = 0; m < M; ++m) a[m] = K(m, n);
+      blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, sh_.LzV(), a.data());
       double a2 = 0.0;
       for (index_t m = 0; m < M; ++m) a2 += a[m] * a[m];
       for (index_t l = 0; l < L; ++l) {
-        const ConstMatrixView Ll = p_.Lw_of(l);  // t = L_w,l^T a
+        const ConstMatrixView Ll = sh_.Lw_of(l);  // t = L_w,l^T a
         std::fill(t.begin(), t.end(), 0.0);
         for (index_t i = 0; i < M; ++i)
           for (index_t j = 0; j <= i; ++j) t[j] += Ll(i, j) * a[i];
         double t2 = 0.0;
         for (index_t m = 0; m < M; ++m) t2 += t[m] * t[m];
-        const double exact = std::max(p_.kdiag[n] - a2 + t2, 0.0);
-        if (std::fabs(var[n * L + l] - exact) > 1e-8 * exact + 1e-12 * std::fabs(p_.kdiag[n])) return false;
+        const double exact = std::max(kdiag[n] - a2 + t2, 0.0);
+        if (std::fabs(var[n * L + l] - exact) > 1e-8 * exact + 1e-12 * std::fabs(kdiag[n])) return false;
       }
     }
     return true;
   }
 
-  // d/dSigma_l = Kzx diag(g_l) Kzx^T; d/dbeta = Kzx gmu; d/dKzx = sum_l 2 C_l diag(g_l) + beta gmu^T;
-  // then through Sigma_l = W_l W_l^T - Y^T Y, W_l = Y^T L_w,l, beta = Y^T m_w and Y = Lz^-1:
-  //   d/dW_l = 2 dSigma_l W_l,  d/dL_w,l = tril(Y d/dW_l),  d/dS_w,l = Y dSigma_l Y^T,
-  //   d/dY = sum_l L_w,l dW_l^T - 2 Y sum_l dSigma_l + m_w dbeta^T,  d/dm_w = Y dbeta,
-  //   d/dLz = -tril(Y^T dY Y^T).
-  void reverse(Reverse& r) {
-    const index_t M = p_.M, B = p_.B, L = p_.L;
-    const ConstMatrixView Y(Y_.data(), M, M);
-    Buffer dSigma(static_cast<std::size_t>(L * M * M)), gl(B);
-    {
-      Scratch Wk(M * B);
-      for (index_t l = 0; l < L; ++l) {
-        latent_column(r.gvar, B, L, l, gl.data());
-        linalg::weighted_gram(p_.Kzx, gl.data(), Wk.data(), MatrixView(dSigma.data() + l * M * M, M, M));
-      }
-    }
-    Buffer dbeta(static_cast<std::size_t>(M * L));
-    const MatrixView dbetaV(dbeta.data(), M, L);
-    if (L == 1)
-      blas::gemv(Trans::No, 1.0, p_.Kzx, r.gmu, 0.0, dbeta.data());
-    else
-      blas::gemm(Trans::No, Trans::No, 1.0, p_.Kzx, ConstMatrixView(r.gmu, B, L), 0.0, dbetaV);
-
-    // d/dKzx, in place of C_0.
-    const MatrixView dK = C_of(0);
+  // d/dSigma_l += K diag(g_l) K^T; d/dbeta += K gmu; returns d/dK = sum_l 2 C_l diag(g_l) + beta gmu^T
+  // (in place of C_0).
+  MatrixView precomputed_reverse(ConstMatrixView K, BlockWork& w, const double* gmu, const double* gvar,
+                                 Partials& part) const {
+    const index_t M = sh_.M, L = sh_.L, nb = K.cols;
+    if (part.dSigma.empty()) part.dSigma.assign(static_cast<std::size_t>(L * M * M), 0.0);
+    if (part.dbeta.empty()) part.dbeta.assign(static_cast<std::size_t>(M * L), 0.0);
+    w.W.resize(M * nb);
+    w.g.resize(nb);
     for (index_t l = 0; l < L; ++l) {
-      latent_column(r.gvar, B, L, l, gl.data());
-      const MatrixView Cl = C_of(l);
+      latent_column(gvar, nb, L, l, w.g.data());
+      linalg::weighted_gram(K, w.g.data(), w.W.data(), MatrixView(part.dSigma.data() + l * M * M, M, M), 1.0);
+    }
+    if (L == 1)
+      blas::gemv(Trans::No, 1.0, K, gmu, 1.0, part.dbeta.data());
+    else
+      blas::gemm(Trans::No, Trans::No, 1.0, K, ConstMatrixView(gmu, nb, L), 1.0, MatrixView(part.dbeta.data(), M, L));
+    const MatrixView dK(w.T.data(), M, nb);
+    for (index_t l = 0; l < L; ++l) {
+      latent_column(gvar, nb, L, l, w.g.data());
+      const MatrixView Cl(w.T.data() + l * M * nb, M, nb);
       for (index_t m = 0; m < M; ++m) {
-        double* c = Cl.row(m);
+        const double* c = Cl.row(m);
         double* d = dK.row(m);
+        const double* g = w.g.data();
         if (l == 0) {
 #pragma omp simd
-          for (index_t n = 0; n < B; ++n) d[n] = 2.0 * c[n] * gl[n];
+          for (index_t n = 0; n < nb; ++n) d[n] = 2.0 * c[n] * g[n];
         } else {
 #pragma omp simd
-          for (index_t n = 0; n < B; ++n) d[n] += 2.0 * c[n] * gl[n];
+          for (index_t n = 0; n < nb; ++n) d[n] += 2.0 * c[n] * g[n];
         }
       }
     }
     if (L == 1)
-      blas::ger(1.0, beta_.data(), r.gmu, dK);
+      blas::ger(1.0, sh_.beta.data(), gmu, dK);
     else
-      blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(beta_.data(), M, L), ConstMatrixView(r.gmu, B, L),
-                 1.0, dK);
-    r.dKzx = dK;
-
-    r.dmw = dbeta;
-    blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, MatrixView(r.dmw.data(), M, L));
-    if (r.want_dLw) r.dLw.resize(static_cast<std::size_t>(L * M * M));
-    if (r.want_dSw) r.dSw.resize(static_cast<std::size_t>(L * M * M));
-
-    Buffer dY(static_cast<std::size_t>(M * M), 0.0), dSigma_sum(static_cast<std::size_t>(M * M), 0.0),
-        dW(static_cast<std::size_t>(M * M));
-    const MatrixView dYV(dY.data(), M, M), dWV(dW.data(), M, M);
-    for (index_t l = 0; l < L; ++l) {
-      const ConstMatrixView dSl(dSigma.data() + l * M * M, M, M);
-      for (index_t i = 0; i < M * M; ++i) dSigma_sum[i] += dSigma[l * M * M + i];
-      if (r.want_dSw) {
-        const MatrixView out(r.dSw.data() + l * M * M, M, M);
-        std::copy(dSl.data, dSl.data + M * M, out.data);
-        blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, out);
-        blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, out);
-        symmetrise(out);
-      }
-      blas::symm(Side::Left, Uplo::Lower, 2.0, dSl, W_of(l), 0.0, dWV);
-      if (r.want_dLw) {
-        const MatrixView out(r.dLw.data() + l * M * M, M, M);
-        std::copy(dW.begin(), dW.end(), out.data);
-        blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, out);
-        zero_strict_upper(out);
-      }
-      // dY += L_w,l dW_l^T = (dW_l L_w,l^T)^T
-      blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, p_.Lw_of(l), dWV);
-      for (index_t i = 0; i < M; ++i)
-        for (index_t j = 0; j < M; ++j) dYV(i, j) += dWV(j, i);
-    }
-    // dY -= 2 Y sum_l dSigma_l
-    const MatrixView dSsum(dSigma_sum.data(), M, M);
-    blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, -2.0, Y, dSsum);
-    for (index_t i = 0; i < M * M; ++i) dY[i] += dSigma_sum[i];
-    // dY += m_w dbeta^T
-    blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(p_.mw.data(), M, L), dbetaV, 1.0, dYV);
-    // dLz = -tril(Y^T dY Y^T)
-    blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, -1.0, Y, dYV);
-    blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, dYV);
-    zero_strict_upper(dYV);
-    r.dLz = std::move(dY);
+      blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(sh_.beta.data(), M, L), ConstMatrixView(gmu, nb, L), 1.0,
+                 dK);
+    return dK;
   }
 
- private:
-  MatrixView W_of(index_t l) { return MatrixView(W_.data() + l * p_.M * p_.M, p_.M, p_.M); }
+  // ---- Path::Solve: A = Lz^-1 K, T_l = L_w,l^T A; mu = A^T m_w; var_l = kdiag - |A|^2 + |T_l|^2.
+  void solve_marginals(ConstMatrixView K, BlockWork& w, double* mu, double* var) const {
+    const index_t M = sh_.M, L = sh_.L, nb = K.cols;
+    const MatrixView A(w.A.data(), M, nb);
+    std::copy(K.data, K.data + M * nb, A.data);
+    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, sh_.LzV(), A);
+    if (L == 1)
+      blas::gemv(Trans::Yes, 1.0, A, sh_.mw.data(), 0.0, mu);
+    else
+      blas::gemm(Trans::Yes, Trans::No, 1.0, A, ConstMatrixView(sh_.mw.data(), M, L), 0.0, MatrixView(mu, nb, L));
+    w.a2.resize(nb);
+    w.t2.resize(nb);
+    column_sums_of_squares(A, w.a2.data());
+    for (index_t l = 0; l < L; ++l) {
+      const MatrixView Tl(w.T.data() + l * M * nb, M, nb);
+      std::copy(A.data, A.data + M * nb, Tl.data);
+      blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, sh_.Lw_of(l), Tl);
+      column_sums_of_squares(Tl, w.t2.data());
+      for (index_t n = 0; n < nb; ++n) var[n * L + l] = std::max(w.kdiag[n] - w.a2[n] + w.t2[n], 0.0);
+    }
+  }
 
- public:
-  const double* Linv() const { return Y_.data(); }
+  // d/dm_w += A gmu; d/dS_w,l += A diag(g_l) A^T; d/dL_w,l += 2 tril(A diag(g_l) T_l^T);
+  // d/dA = sum_l 2 L_w,l T_l diag(g_l) - 2 A diag(sum_l g_l) + m_w gmu^T; returns
+  // d/dK = Lz^-T d/dA, and d/dLz += -tril(d/dK A^T).
+  MatrixView solve_reverse(index_t nb, BlockWork& w, const double* gmu, const double* gvar, Partials& part) const {
+    const index_t M = sh_.M, L = sh_.L;
+    const MatrixView A(w.A.data(), M, nb);
+    if (part.dmw.empty()) part.dmw.assign(static_cast<std::size_t>(M * L), 0.0);
+    if (part.dLz.empty()) part.dLz.assign(static_cast<std::size_t>(M * M), 0.0);
+    if (wants_.dLw && part.dLw.empty()) part.dLw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+    if (wants_.dSw && part.dSw.empty()) part.dSw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+    if (L == 1)
+      blas::gemv(Trans::No, 1.0, A, gmu, 1.0, part.dmw.data());
+    else
+      blas::gemm(Trans::No, Trans::No, 1.0, A, ConstMatrixView(gmu, nb, L), 1.0, MatrixView(part.dmw.data(), M, L));
+    w.g.resize(nb);
+    w.gsum.assign(static_cast<std::size_t>(nb), 0.0);
+    for (index_t l = 0; l < L; ++l) {
+      latent_column(gvar, nb, L, l, w.g.data());
+      for (index_t n = 0; n < nb; ++n) w.gsum[n] += w.g[n];
+      if (wants_.dSw) {
+        w.W.resize(M * nb);
+        linalg::weighted_gram(A, w.g.data(), w.W.data(), MatrixView(part.dSw.data() + l * M * M, M, M), 1.0);
+      }
+      const MatrixView Tl(w.T.data() + l * M * nb, M, nb);
+      for (index_t m = 0; m < M; ++m) {
+        double* t = Tl.row(m);
+        const double* g = w.g.data();
+#pragma omp simd
+        for (index_t n = 0; n < nb; ++n) t[n] *= g[n];
+      }
+      if (wants_.dLw) gemm_nt_lower(2.0, A, Tl, 1.0, MatrixView(part.dLw.data() + l * M * M, M, M));
+      blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 2.0, sh_.Lw_of(l), Tl);
+      if (l > 0) blas::axpy(M * nb, 1.0, Tl.data, w.T.data());
+    }
+    const MatrixView dA(w.T.data(), M, nb);
+    for (index_t m = 0; m < M; ++m) {
+      double* d = dA.row(m);
+      const double* a = A.row(m);
+      const double* gs = w.gsum.data();
+#pragma omp simd
+      for (index_t n = 0; n < nb; ++n) d[n] -= 2.0 * a[n] * gs[n];
+    }
+    if (L == 1)
+      blas::ger(1.0, sh_.mw.data(), gmu, dA);
+    else
+      blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(sh_.mw.data(), M, L), ConstMatrixView(gmu, nb, L), 1.0,
+                 dA);
+    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, sh_.LzV(), dA);
+    gemm_nt_lower(-1.0, dA, A, 1.0, MatrixView(part.dLz.data(), M, M));
+    return dA;
+  }
 
- private:
-  MatrixView Sigma_of(index_t l) { return MatrixView(Sigma_.data() + l * p_.M * p_.M, p_.M, p_.M); }
-  MatrixView C_of(index_t l) const { return MatrixView(C_.data() + l * p_.M * p_.B, p_.M, p_.B); }
-
-  const Problem& p_;
-  Buffer Y_, W_, Sigma_, beta_;
-  Scratch C_;
+  const Shared& sh_;
+  const kernels::Kernel& kernel_;
+  const likelihoods::Likelihood& lik_;
+  const Variational& q_;
+  const Batch& batch_;
+  const Wants& wants_;
+  double *mu_, *var_, *f_, *gmu_, *gvar_, *gpar_;
 };
+
+// The precomputed blocks' d/dSigma_l and d/dbeta taken through Sigma_l = W_l W_l^T - Y^T Y,
+// W_l = Y^T L_w,l, beta = Y^T m_w and Y = Lz^-1, added to the solve-style gradients:
+//   d/dW_l = 2 dSigma_l W_l,  d/dL_w,l = tril(Y d/dW_l),  d/dS_w,l = Y dSigma_l Y^T,
+//   d/dY = sum_l L_w,l dW_l^T - 2 Y sum_l dSigma_l + m_w dbeta^T,  d/dm_w = Y dbeta,
+//   d/dLz = -tril(Y^T dY Y^T).
+void precomputed_to_whitened(const Shared& sh, const Wants& wants, Partials& p) {
+  const index_t M = sh.M, L = sh.L;
+  const ConstMatrixView Y(sh.Y.data(), M, M);
+  if (p.dmw.empty()) p.dmw.assign(static_cast<std::size_t>(M * L), 0.0);
+  if (p.dLz.empty()) p.dLz.assign(static_cast<std::size_t>(M * M), 0.0);
+  if (wants.dLw && p.dLw.empty()) p.dLw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+  if (wants.dSw && p.dSw.empty()) p.dSw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+  const ConstMatrixView dbeta(p.dbeta.data(), M, L);
+  Buffer Ydbeta(p.dbeta);
+  blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, MatrixView(Ydbeta.data(), M, L));
+  for (index_t i = 0; i < M * L; ++i) p.dmw[i] += Ydbeta[i];
+
+  Buffer dY(static_cast<std::size_t>(M * M), 0.0), dSigma_sum(static_cast<std::size_t>(M * M), 0.0),
+      dW(static_cast<std::size_t>(M * M)), tmp(static_cast<std::size_t>(M * M));
+  const MatrixView dYV(dY.data(), M, M), dWV(dW.data(), M, M), tmpV(tmp.data(), M, M);
+  for (index_t l = 0; l < L; ++l) {
+    const ConstMatrixView dSl(p.dSigma.data() + l * M * M, M, M);
+    for (index_t i = 0; i < M * M; ++i) dSigma_sum[i] += dSl.data[i];
+    if (wants.dSw) {
+      std::copy(dSl.data, dSl.data + M * M, tmp.begin());
+      blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, tmpV);
+      blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, tmpV);
+      symmetrise(tmpV);
+      double* out = p.dSw.data() + l * M * M;
+      for (index_t i = 0; i < M * M; ++i) out[i] += tmp[i];
+    }
+    blas::symm(Side::Left, Uplo::Lower, 2.0, dSl, sh.W_of(l), 0.0, dWV);
+    if (wants.dLw) {
+      std::copy(dW.begin(), dW.end(), tmp.begin());
+      blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, tmpV);
+      const MatrixView out(p.dLw.data() + l * M * M, M, M);
+      for (index_t i = 0; i < M; ++i)
+        for (index_t j = 0; j <= i; ++j) out(i, j) += tmpV(i, j);
+    }
+    // dY += L_w,l dW_l^T = (dW_l L_w,l^T)^T
+    blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, sh.Lw_of(l), dWV);
+    for (index_t i = 0; i < M; ++i)
+      for (index_t j = 0; j < M; ++j) dYV(i, j) += dWV(j, i);
+  }
+  const MatrixView dSsum(dSigma_sum.data(), M, M);
+  blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, -2.0, Y, dSsum);
+  for (index_t i = 0; i < M * M; ++i) dY[i] += dSigma_sum[i];
+  blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(sh.mw.data(), M, L), dbeta, 1.0, dYV);
+  blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, -1.0, Y, dYV);
+  blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, dYV);
+  for (index_t i = 0; i < M; ++i)
+    for (index_t j = 0; j <= i; ++j) p.dLz[i * M + j] += dYV(i, j);
+}
 
 // Flop counts of the two paths (svgp.hpp), triangular BLAS-3 weighted at 1 / 0.7.
 double path_cost(Path path, index_t M, index_t B, index_t L) {
@@ -457,14 +546,18 @@ Path cheaper_path(index_t M, index_t B, index_t L) {
                                                                                     : Path::Solve;
 }
 
-// An evaluation below this many flop-equivalents (~0.7 ms on one core) runs on one thread
-// (threads.hpp): its BLAS calls and loops are too small to gain from a second one, which costs
-// a wake-up per call and, on a shared machine, a wait at every barrier (measured: at M = 64,
-// B = 256 two threads were slower than one even on an idle machine).
+// Threads (threads.hpp). An evaluation below kSingleThreadWork flop-equivalents (~0.7 ms on
+// one core) runs on one thread: waking a second costs more than it saves, and on a shared
+// machine every barrier waits for a thread the scheduler may have paused. Above it, the
+// minibatch is cut into column blocks of at least kMinBlockColumns that the threads evaluate
+// independently with single-threaded BLAS, meeting once at the end: one barrier per evaluation
+// instead of one per BLAS call. The O(M^3) work before and after the blocks uses BLAS threads
+// from M = kThreadedM on, where each call is long enough to amortise its barrier.
 constexpr double kSingleThreadWork = 3e7;
-
-// Points whose variances the precomputed path double-checks by triangular solves.
-constexpr index_t kCheckedPoints = 4;
+constexpr index_t kMinBlockColumns = 64;
+constexpr index_t kThreadedM = 512;
+// Bounds a block's [M, columns] buffers (about (3 + 2 L) of them) at ~8 MB each.
+constexpr index_t kMaxBlockEntries = index_t{1} << 20;
 
 }  // namespace
 
@@ -479,88 +572,92 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   require(likelihoods::latent_dim(lik) == L,
           "svgp: the likelihood needs " + std::to_string(likelihoods::latent_dim(lik)) +
               " latent functions but q_mu has " + std::to_string(L) + " columns");
-  Result res;
   if (path == Path::Auto) path = cheaper_path(M, B, L);
   const double work = path_cost(path, M, B, L) + 30.0 * M * B + 50.0 * B * L * lik.n_gh;
-  const SingleThreadScope single(work < kSingleThreadWork);
+  const bool one_thread = work < kSingleThreadWork;
+  // The O(M^3) parts: BLAS threads only for large M.
+  const SingleThreadScope serial_scope(one_thread || M < kThreadedM);
 
-  Buffer Lz, Kzz;
-  res.jitter = inducing_cholesky(kernel, q.Z, jitter, Lz, grads != nullptr ? &Kzz : nullptr);
-  const ConstMatrixView LzV(Lz.data(), M, M);
-  Scratch Kzx(M * B);
-  Buffer kdiag(B);
-  kernel.K(q.Z, batch.X, false, MatrixView(Kzx.data(), M, B));
-  kernel.Kdiag(batch.X, kdiag.data());
-  Buffer mw, Lw;
-  whitened_parameters(q, LzV, mw, Lw);
-  const Problem problem{M, B, L, LzV, ConstMatrixView(Kzx.data(), M, B), kdiag.data(), mw, Lw};
+  Wants wants;
+  wants.grads = grads != nullptr;
+  // d/dL_w is needed for q_sqrt's gradient and, unwhitened, for Lz's (through L_w = Lz^-1 L).
+  wants.dLw = wants.grads && (grads->q_sqrt != nullptr || !q.whiten);
+  wants.dSw = wants.grads && grads->ell_q_cov != nullptr;
 
-  // Marginals: mu, var [B, L].
-  Buffer mu(static_cast<std::size_t>(B * L)), var(static_cast<std::size_t>(B * L));
-  std::unique_ptr<PrecomputedPath> precomputed;
-  std::unique_ptr<SolvePath> solve;
-  if (path == Path::Precomputed) {
-    precomputed = std::make_unique<PrecomputedPath>(problem);
-    precomputed->marginals(mu.data(), var.data());
-    if (!precomputed->variances_accurate(var.data(), kCheckedPoints)) {
-      precomputed.reset();
-      path = Path::Solve;
+  Result res;
+  Shared sh;
+  sh.M = M;
+  sh.L = L;
+  res.jitter = inducing_cholesky(kernel, q.Z, jitter, sh.Lz, wants.grads ? &sh.Kzz : nullptr);
+  const ConstMatrixView LzV = sh.LzV();
+  whitened_parameters(q, LzV, sh.mw, sh.Lw);
+  if (path == Path::Precomputed) sh.prepare_precomputed();
+
+  // Column blocks and the threads that take them (static, round-robin).
+  const int threads = one_thread ? 1 : threads_for(B, kMinBlockColumns);
+  const index_t by_threads = (B + threads - 1) / threads;
+  const index_t nb = std::max<index_t>(1, std::min(by_threads, kMaxBlockEntries / std::max<index_t>(M * L, 1)));
+  const index_t blocks = (B + nb - 1) / nb;
+  Buffer mu(static_cast<std::size_t>(B * L)), var(static_cast<std::size_t>(B * L)), f(B),
+      gmu(static_cast<std::size_t>(B * L)), gvar(static_cast<std::size_t>(B * L)), gpar(B);
+  const BlockEvaluator evaluator(sh, kernel, lik, q, batch, wants, mu.data(), var.data(), f.data(), gmu.data(),
+                                 gvar.data(), gpar.data());
+  std::vector<Partials> partials(static_cast<std::size_t>(threads));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+  auto run_blocks = [&](int t) {
+    try {
+      const SingleThreadScope block_scope(threads > 1);
+      BlockWork work_buffers;
+      for (index_t b = t; b < blocks; b += threads)
+        evaluator.run(b * nb, std::min(nb, B - b * nb), work_buffers, partials[t]);
+    } catch (...) {
+      errors[t] = std::current_exception();
     }
+  };
+  if (threads == 1) {
+    run_blocks(0);
+  } else {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+#endif
+    for (int t = 0; t < threads; ++t) run_blocks(t);
   }
-  if (path == Path::Solve) {
-    solve = std::make_unique<SolvePath>(problem);
-    solve->marginals(mu.data(), var.data());
-  }
-  res.path = path;
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  Partials& p = partials[0];
+  for (int t = 1; t < threads; ++t) p.add(partials[t]);
+  res.path = sh.precomputed && !p.any_solve ? Path::Precomputed : Path::Solve;
 
-  Buffer f(B), gmu(static_cast<std::size_t>(B * L)), gvar(static_cast<std::size_t>(B * L)), gpar(B);
-  likelihoods::variational_expectations(lik, batch.y, mu.data(), var.data(), B, f.data(), gmu.data(),
-                                        gvar.data(), gpar.data());
   res.expected_log_lik = batch.scale * fixed_order_sum(f.data(), B);
-
   double kl = 0.0;
   for (index_t l = 0; l < L; ++l) {
-    const ConstMatrixView Ll = problem.Lw_of(l);
+    const ConstMatrixView Ll = sh.Lw_of(l);
     double trace = 0.0, logdet = 0.0, mm = 0.0;
     for (index_t i = 0; i < M; ++i) {
       for (index_t j = 0; j <= i; ++j) trace += Ll(i, j) * Ll(i, j);
       logdet += 2.0 * std::log(std::fabs(Ll(i, i)));
-      mm += mw[i * L + l] * mw[i * L + l];
+      mm += sh.mw[i * L + l] * sh.mw[i * L + l];
     }
     kl += 0.5 * (trace + mm - static_cast<double>(M) - logdet);
   }
   res.kl = kl;
   res.elbo = res.expected_log_lik - res.kl;
-  if (grads == nullptr) return res;
+  if (!wants.grads) return res;
 
-  for (std::size_t i = 0; i < gmu.size(); ++i) {
-    gmu[i] *= batch.scale;
-    gvar[i] *= batch.scale;
-  }
-  Reverse r;
-  r.gmu = gmu.data();
-  r.gvar = gvar.data();
-  // d/dL_w is needed for q_sqrt's gradient and, unwhitened, for Lz's (through L_w = Lz^-1 L).
-  r.want_dLw = grads->q_sqrt != nullptr || !q.whiten;
-  r.want_dSw = grads->ell_q_cov != nullptr;
-  if (precomputed)
-    precomputed->reverse(r);
-  else
-    solve->reverse(r);
-  MatrixView dLzV(r.dLz.data(), M, M);
+  if (!p.dSigma.empty()) precomputed_to_whitened(sh, wants, p);
+  MatrixView dLzV(p.dLz.data(), M, M);
 
   // Natural-gradient outputs: d ELL / d m_w and d ELL / d S_w per latent function; in u-space
   // (u = Lz v) they are Lz^-T (.) and Lz^-T (.) Lz^-1.
   if (grads->ell_q_mu != nullptr) {
     const MatrixView out(grads->ell_q_mu, M, L);
-    for (index_t i = 0; i < M; ++i)
-      for (index_t l = 0; l < L; ++l) out(i, l) = r.dmw[i * L + l];
+    std::copy(p.dmw.begin(), p.dmw.end(), out.data);
     if (!q.whiten) blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, out);
   }
   if (grads->ell_q_cov != nullptr) {
     for (index_t l = 0; l < L; ++l) {
       const MatrixView G(grads->ell_q_cov + l * M * M, M, M);
-      std::copy(r.dSw.data() + l * M * M, r.dSw.data() + (l + 1) * M * M, G.data);
+      std::copy(p.dSw.data() + l * M * M, p.dSw.data() + (l + 1) * M * M, G.data);
       if (!q.whiten) {
         blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, G);
         blas::trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, G);
@@ -570,13 +667,14 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   }
 
   // The KL's gradients: d/dm_w = -m_w, d/dL_w = -L_w + diag(1 / L_w,ii) (lower).
-  Buffer& dmw = r.dmw;
-  for (std::size_t i = 0; i < dmw.size(); ++i) dmw[i] -= mw[i];
+  Buffer& dmw = p.dmw;
+  for (std::size_t i = 0; i < dmw.size(); ++i) dmw[i] -= sh.mw[i];
   const MatrixView dmwV(dmw.data(), M, L);
-  if (r.want_dLw)
+  if (wants.dLw)
     for (index_t l = 0; l < L; ++l) {
-      const ConstMatrixView Ll = problem.Lw_of(l);
-      const MatrixView dLl(r.dLw.data() + l * M * M, M, M);
+      const ConstMatrixView Ll = sh.Lw_of(l);
+      const MatrixView dLl(p.dLw.data() + l * M * M, M, M);
+      zero_strict_upper(dLl);
       for (index_t i = 0; i < M; ++i) {
         for (index_t j = 0; j < i; ++j) dLl(i, j) -= Ll(i, j);
         dLl(i, i) += 1.0 / Ll(i, i) - Ll(i, i);
@@ -587,19 +685,19 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     if (grads->q_mu.data != nullptr)
       for (index_t i = 0; i < M; ++i)
         for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
-    if (grads->q_sqrt != nullptr) std::copy(r.dLw.begin(), r.dLw.end(), grads->q_sqrt);
+    if (grads->q_sqrt != nullptr) std::copy(p.dLw.begin(), p.dLw.end(), grads->q_sqrt);
   } else {
     // m_w = Lz^-1 m:  dm = Lz^-T dm_w,  dLz -= dm m_w^T
     blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, dmwV);
     if (grads->q_mu.data != nullptr)
       for (index_t i = 0; i < M; ++i)
         for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
-    blas::gemm(Trans::No, Trans::Yes, -1.0, dmwV, ConstMatrixView(mw.data(), M, L), 1.0, dLzV);
+    blas::gemm(Trans::No, Trans::Yes, -1.0, dmwV, ConstMatrixView(sh.mw.data(), M, L), 1.0, dLzV);
     // L_w = Lz^-1 L:  W = Lz^-T tril(dL_w),  dL = tril(W),  dLz -= W L_w^T
     for (index_t l = 0; l < L; ++l) {
-      const MatrixView W(r.dLw.data() + l * M * M, M, M);
+      const MatrixView W(p.dLw.data() + l * M * M, M, M);
       blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, W);
-      blas::gemm(Trans::No, Trans::Yes, -1.0, W, problem.Lw_of(l), 1.0, dLzV);
+      blas::gemm(Trans::No, Trans::Yes, -1.0, W, sh.Lw_of(l), 1.0, dLzV);
       if (grads->q_sqrt == nullptr) continue;
       double* out = grads->q_sqrt + l * M * M;
       for (index_t i = 0; i < M; ++i)
@@ -607,26 +705,18 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     }
   }
   zero_strict_upper(dLzV);
-  linalg::cholesky_reverse(LzV, dLzV, precomputed ? precomputed->Linv() : nullptr);  // now d/dKzz
+  linalg::cholesky_reverse(LzV, dLzV, sh.precomputed ? sh.Y.data() : nullptr);  // now d/dKzz
 
-  // Kernel: through Kzx, Kzz and diag K(X) (which enters every latent function's variance).
-  const index_t P = kernel.num_params();
-  std::fill(grads->kernel, grads->kernel + P, 0.0);
+  // Kernel: through Kzx (the blocks' shares), Kzz and diag K(X).
+  std::copy(p.dkernel.begin(), p.dkernel.end(), grads->kernel);
   for (index_t i = 0; i < M; ++i)
-    for (index_t d = 0; d < D; ++d) grads->Z(i, d) = 0.0;
+    for (index_t d = 0; d < D; ++d) grads->Z(i, d) = p.dZ[i * D + d];
   Buffer dZ2(static_cast<std::size_t>(M * D), 0.0);
   MatrixView dZ2V(dZ2.data(), M, D);
-  kernel.K_vjp(q.Z, batch.X, false, r.dKzx, problem.Kzx, grads->kernel, &grads->Z, nullptr);
-  kernel.K_vjp(q.Z, q.Z, true, dLzV, ConstMatrixView(Kzz.data(), M, M), grads->kernel, &dZ2V, &dZ2V);
+  kernel.K_vjp(q.Z, q.Z, true, dLzV, ConstMatrixView(sh.Kzz.data(), M, M), grads->kernel, &dZ2V, &dZ2V);
   for (index_t i = 0; i < M; ++i)
     for (index_t d = 0; d < D; ++d) grads->Z(i, d) += dZ2[i * D + d];
-  Buffer gsum(B, 0.0);
-  for (index_t n = 0; n < B; ++n)
-    for (index_t l = 0; l < L; ++l) gsum[n] += gvar[n * L + l];
-  kernel.Kdiag_vjp(batch.X, gsum.data(), grads->kernel);
-
-  if (grads->likelihood_variance != nullptr)
-    *grads->likelihood_variance = batch.scale * fixed_order_sum(gpar.data(), B);
+  if (grads->likelihood_variance != nullptr) *grads->likelihood_variance = p.dlik;
   return res;
 }
 

@@ -43,9 +43,10 @@ double logdet_from_cholesky(ConstMatrixView L);
 // then the congruence Linv^T (.) Linv by LAPACK's dsygst (M^3).
 void cholesky_reverse(ConstMatrixView L, MatrixView Lbar_in_G_out, const double* Linv = nullptr);
 
-// G = A diag(g) A^T for A [M, K] and weights g [K] of either sign, written in full (both
-// triangles) into G [M, M]. One SYRK on A diag(sqrt(max(-g, 0))) and, only when some g > 0, a
-// second on A diag(sqrt(max(g, 0))): M^2 K flops in all. W_scratch holds M * K doubles.
-void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G);
+// G = beta G + A diag(g) A^T for A [M, K] and weights g [K] of either sign, written in full
+// (both triangles) into G [M, M] (symmetric on entry when beta != 0). One SYRK on
+// A diag(sqrt(max(-g, 0))) and, only when some g > 0, a second on A diag(sqrt(max(g, 0))):
+// M^2 K flops in all. W_scratch holds M * K doubles.
+void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G, double beta = 0.0);
 
 }  // namespace pygpfast::linalg
