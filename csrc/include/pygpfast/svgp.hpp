@@ -23,10 +23,17 @@
 //                      about (6 + 7 L) M^3: the faster path once B exceeds ~3 M.
 // Path::Auto picks the cheaper by that count. The precomputed form sums terms of the size of
 // cond(Kzz) that cancel to var_n, so it loses about log10(cond(Kzz)) digits; after it, the
-// variances of the few points most exposed to that (largest |k_n|^2 / var_n) are recomputed
-// by triangular solves, and if any differs by more than 1e-8 relative the evaluation is redone
-// by Path::Solve. Plus, on either path, O(M^3) for the Cholesky of Kzz and its reverse mode,
-// O(B M D) for the kernel and the per-point expectations.
+// variances of the two points of each column block most exposed to that (largest |k_n|^2 /
+// var_n) are recomputed by triangular solves, and a block where any differs by more than 1e-8
+// relative is redone by Path::Solve. Plus, on either path, O(M^3) for the Cholesky of Kzz and
+// its reverse mode, O(B M D) for the kernel and the per-point expectations.
+//
+// Threads: the minibatch is cut into column blocks that the threads evaluate independently
+// (kernel, marginals, expectations, reverse pass, kernel vjp) with single-threaded BLAS, and
+// their M x M partial gradients are summed once at the end: one barrier per evaluation, so a
+// thread that the scheduler pauses on a shared machine stalls the others once, not at every
+// BLAS call. The O(M^3) work before and after the blocks uses BLAS threads only for M >= 512;
+// an evaluation of under ~3e7 flops runs on one thread altogether (threads.hpp).
 #pragma once
 
 #include "pygpfast/kernels.hpp"
