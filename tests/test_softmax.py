@@ -14,7 +14,7 @@ import pygpfast
 from pygpfast.likelihoods import Bernoulli, Softmax
 
 # The rule's constants (csrc/src/softmax.cpp).
-STEP, TAIL_SCALE, STOP, MAX_NODES, PRICE_VARIANCE, MAX_SCALED_EXPONENT = 0.5, 1e-3, 1e-16, 1024, 1e-10, 600.0
+STEP, TAIL_SCALE, STOP, MAX_NODES, PRICE_VARIANCE, MAX_SCALED_EXPONENT = 0.5, 1e-2, 1e-12, 1024, 1e-10, 600.0
 
 
 def normal_rule(n):
@@ -113,9 +113,10 @@ def test_matches_numpy_transcription_of_the_rule(rng, C, n_gh):
         np.testing.assert_allclose(log_density[i], logp_ref[int(y[i])], rtol=1e-12, atol=1e-11)
 
 
-def tensor_gauss_hermite(mu, var, n=60):
+def tensor_gauss_hermite(mu, var, n=40):
     """E[lse(f)], E[softmax(f)] and E[softmax(f)^2] for one point of C = 3 by the n^3-point
-    product Gauss-Hermite rule (an independent reference, accurate for var <= 1)."""
+    product Gauss-Hermite rule (an independent reference: 40 and 60 points per axis agree to
+    1e-14 for var <= 1)."""
     z, w = normal_rule(n)
     grids = np.meshgrid(*[m + np.sqrt(v) * z for m, v in zip(mu, var)], indexing="ij")
     F = np.stack([g.ravel() for g in grids], axis=1)
@@ -125,7 +126,7 @@ def tensor_gauss_hermite(mu, var, n=60):
 
 
 def test_accuracy_against_tensor_quadrature(rng):
-    """C = 3 against an independent 216 000-point product rule: the value, both gradients
+    """C = 3 against an independent 64 000-point product rule: the value, both gradients
     (Bonnet: dE[lse]/dmu_c = E[p_c]; Price: dE[lse]/dvar_c = E[p_c - p_c^2] / 2) and the
     predictions agree to the accuracy of the outer rule (step 1/2: about 1e-9 in the value,
     1e-7 in gradients and probabilities; the inner rule is more accurate at these variances)."""

@@ -23,7 +23,6 @@ Usage:
 import argparse
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import scipy.optimize
@@ -37,16 +36,8 @@ import pygpfast
 from pygpfast import _core, kernels, likelihoods
 
 
-def data_dir():
-    here = Path(__file__).resolve()
-    for cand in (here.parents[2] / ".." / "shared" / "data", Path("/work/shared/data")):
-        if cand.is_dir():
-            return cand
-    raise SystemExit("shared/data not found")
-
-
 def load(name):
-    d = np.load(data_dir() / {"usps": "usps_full.npz", "glass": "uci_glass.npz"}[name])
+    d = np.load(common.data_dir() / {"usps": "usps_full.npz", "glass": "uci_glass.npz"}[name])
     if name == "usps":
         return (d["X_train"].astype(float), d["y_train"].astype(float),
                 d["X_test"].astype(float), d["y_test"].astype(float))

@@ -19,11 +19,12 @@ constexpr double kInvSqrtPi = 0.56418958354775628695;
 constexpr double kStep = 0.5;
 // The grid starts at t_lo = e^{j_lo h} <= kTailScale / R4, R4 >= E_gh[S^4]^{1/4} (see
 // Point::Point): the terms of order t^4 that the closed-form lower tail leaves out are below
-// t^4 (E[S^4] + A^4) / 24 per node and sum to below 1e-14.
-constexpr double kTailScale = 1e-3;
+// t^4 (E[S^4] + A^4) / 24 per node and sum to below 1e-10.
+constexpr double kTailScale = 1e-2;
 // The grid stops at the first node where the value's and the derivatives' integrands sum to
-// less than this (they decrease double-exponentially in u from there).
-constexpr double kStop = 1e-16;
+// less than this (they decrease double-exponentially in u from there, apart from the terms of
+// Gauss-Hermite nodes whose weights are below it).
+constexpr double kStop = 1e-12;
 // At most this many grid nodes per point (reached only for latent variances above ~10^3).
 constexpr int kMaxNodes = 1024;
 // Below this variance, d/dvar takes Price's form (as in likelihoods.cpp's gh_expectation).
