@@ -80,7 +80,8 @@ def test_softmax_shapes():
 
 
 def test_softmax_refuses_bad_shapes_and_descriptions():
-    with pytest.raises(ValueError, match=r"mu must have shape \[2, 3\] \(one column per class\), got \[2, 4\]"):
+    shape_message = r"mu must have shape \[2, 3\] \(one column per class\), got \[2, 4\]"
+    with pytest.raises(ValueError, match=shape_message):
         _core.variational_expectations(SOFTMAX, 1.0, 20, 3, C3_Y, np.zeros((2, 4)), C3_VAR)
     with pytest.raises(ValueError, match=r"var must have shape \[2, 3\]"):
         _core.predict_log_density(SOFTMAX, 1.0, 20, 3, C3_Y, C3_MU, C3_VAR[:1])

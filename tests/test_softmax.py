@@ -82,7 +82,8 @@ def rule_reference(y, mu, var, n_gh):
     dlse_mu = chain(a, 2 * b, 3 * c) + STEP * gmu
     dlse_var = chain(da, db, dc) + STEP * gvar
     K1, K2 = A - a, k2 - k2_c
-    scaled = g1 / A + STEP * pacc + (g1 * a - g2) * G2 + (g3 / 2 + g2 * K1 + g1 * (K2 - a * (2 * A - a)) / 2) * G3
+    third = g3 / 2 + g2 * K1 + g1 * (K2 - a * (2 * A - a)) / 2
+    scaled = g1 / A + STEP * pacc + (g1 * a - g2) * G2 + third * G3
     log_p = offset + np.log(scaled)
     return mu[y] - lse, np.eye(C)[y] - dlse_mu, -dlse_var, log_p - logsumexp(log_p)
 

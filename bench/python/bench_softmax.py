@@ -148,7 +148,7 @@ def rqmc_check(mu, var, log2n=18, reps=4):
     ests = []
     for r in range(reps):
         Zq = qmc_rule(C, 2 ** log2n, seed=100 + r)
-        ests.append(np.array([logsumexp(mu[i] + np.sqrt(var[i]) * Zq, axis=1).mean() for i in range(len(mu))]))
+        ests.append(np.array([logsumexp(m + np.sqrt(v) * Zq, axis=1).mean() for m, v in zip(mu, var)]))
     ests = np.array(ests)
     return ests.mean(0), ests.std(0, ddof=1) / np.sqrt(reps)
 
