@@ -262,7 +262,7 @@ def test_regressor_recovers_function(rng):
     Xs = np.linspace(-2.5, 2.5, 50)[:, None]
     mean, std = reg.predict(Xs, return_std=True)
     assert np.abs(mean - np.sin(2 * Xs[:, 0])).max() < 0.15
-    np.testing.assert_allclose(reg.likelihood_.params[0], 0.01, rtol=0.5)
+    np.testing.assert_allclose(reg.likelihood_.params[0] * reg.y_scale_**2, 0.01, rtol=0.5)
     assert np.all(std > 0.05)
 
 
