@@ -51,13 +51,10 @@ def check_rows(X, name="X"):
     A numeric 2-D ``np.ndarray`` (or ``np.memmap``) is returned as it is, after a scan in
     blocks for NaN and infinity; anything else is converted by scikit-learn's ``check_array``
     (float64, C order). Raises ValueError for empty, non-finite or non-2-D input and for
-    non-numeric data.
+    non-numeric data (TypeError for sparse matrices and objects that are not numbers).
     """
     if not _is_numeric_matrix(X):
-        try:
-            return check_array(X, dtype=np.float64, order="C", input_name=name)
-        except TypeError as e:  # sparse or otherwise unusable input
-            raise ValueError(f"{name} must be a dense numeric array: {e}") from e
+        return check_array(X, dtype=np.float64, order="C", input_name=name)
     n, d = X.shape
     if n < 1:
         raise ValueError(f"Found array with 0 sample(s) (shape={X.shape}) while a minimum of 1 is required.")

@@ -20,7 +20,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, is_clas
 from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import LabelEncoder
-from sklearn.utils import check_random_state, column_or_1d
+from sklearn.utils import assert_all_finite, check_random_state, column_or_1d
 from sklearn.utils.multiclass import check_classification_targets, unique_labels
 from sklearn.utils.random import sample_without_replacement
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
@@ -290,16 +290,18 @@ class _SVGPEstimator(BaseEstimator):
 
     # ---------------------------------------------------------------- data
     def _validate_Xy(self, X, y, reset):
-        validate_data(self, X, y, skip_check_array=True, reset=reset)
-        X = check_rows(X)
+        rows = check_rows(X)
+        validate_data(self, X, y, skip_check_array=True, reset=reset)  # feature names and count
         y = column_or_1d(y, warn=True)
-        check_consistent_length(X, y)
-        return X, y
+        assert_all_finite(y, input_name="y")
+        check_consistent_length(rows, y)
+        return rows, y
 
     def _validate_X(self, X):
         check_is_fitted(self, "model_")
+        rows = check_rows(X)
         validate_data(self, X, skip_check_array=True, reset=False)
-        return check_rows(X)
+        return rows
 
     def _init_model(self, X, rs):
         kernel = copy.deepcopy(self.kernel) if self.kernel is not None else _default_kernel(X, rs)
@@ -340,6 +342,7 @@ class _SVGPEstimator(BaseEstimator):
         self._set_model(model)
         self.history_ = []
         self._clock = time.perf_counter()
+        self._rng, self._trainer, self.n_rows_seen_ = rs, None, N
         if self.method == "mf":
             return self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
         optimizer = self._resolve_optimizer(N, streaming=False)
@@ -417,7 +420,7 @@ class _SVGPEstimator(BaseEstimator):
         self._check_params()
         if self.method == "mf":
             raise ValueError("method='mf' is full-batch only; partial_fit needs method='kl'")
-        first = not hasattr(self, "_trainer")
+        first = not hasattr(self, "model_")
         if first and is_classifier(self) and classes is None:
             raise ValueError("classes must be passed on the first call to partial_fit")
         X, y = self._validate_Xy(X, y, reset=first)
@@ -427,22 +430,23 @@ class _SVGPEstimator(BaseEstimator):
             _check_int(n_total, "n_total", 1)
         if first:
             self._rng = check_random_state(self.random_state)
-            optimizer = self._resolve_optimizer(n, streaming=True)
-            model = self._init_model(X, self._rng)
-            self._set_model(model)
-            self.optimizer_ = optimizer
-            self._trainer = self._make_trainer(model, optimizer, full_batch=False)
+            self._set_model(self._init_model(X, self._rng))
             self.history_ = []
             self.n_iter_ = 0
-            self.n_rows_seen_ = 0
+            self.n_rows_seen_ = self.n_steps_ = 0
             self._clock = time.perf_counter()
+            self._trainer = None
+        if self._trainer is None:  # first call, or after a full-batch fit
+            self.optimizer_ = self._resolve_optimizer(n, streaming=True)
+            self._trainer = self._make_trainer(self.model_, self.optimizer_, full_batch=False)
         self.n_rows_seen_ += n
         self.n_total_ = int(n_total) if n_total is not None else self.n_rows_seen_
         B = self._batch_size(n)
         t0 = time.perf_counter()
-        elbo, rows = self._trainer.run(minibatches(X, t, B, self._rng), -(-n // B), self.n_total_)
+        steps = -(-n // B)
+        elbo, rows = self._trainer.run(minibatches(X, t, B, self._rng), steps, self.n_total_)
         self.n_iter_ += 1
-        self.n_steps_ = self._trainer.t
+        self.n_steps_ += steps
         self.elbo_ = elbo
         self._report(self.n_iter_, elbo, rows / max(time.perf_counter() - t0, 1e-12))
         return self
@@ -647,7 +651,8 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
                 )
             if len(self.classes_) > 2:
                 raise ValueError(
-                    f"SVGPClassifier handles binary problems; y has {len(self.classes_)} classes"
+                    "Only binary classification is supported. The type of the target is "
+                    f"multiclass ({len(self.classes_)} classes)."
                 )
         elif classes is not None and not np.array_equal(unique_labels(classes), self.classes_):
             raise ValueError(f"classes={classes!r} differs from the first call's {self.classes_!r}")
