@@ -167,9 +167,10 @@ class Adam:
 
 class Adadelta:
     """Adadelta (Zeiler 2012) with a step rate, as in climin (the optimiser of seed 000's
-    MNIST experiment, step rate 0.1): x -= rate * RMS[dx] / RMS[g] * g."""
+    MNIST experiment, step rate 0.1): x -= rate * RMS[dx] / RMS[g] * g, with climin's offset
+    eps = 1e-4 inside both RMS and decay 0.9."""
 
-    def __init__(self, lr, decay=0.9, eps=1e-6):
+    def __init__(self, lr, decay=0.9, eps=1e-4):
         self.lr, self.decay, self.eps = lr, decay, eps
         self.g2 = self.dx2 = None
 
@@ -192,8 +193,9 @@ def _flip(A):
 class NaturalGradient:
     """Natural-gradient steps on q(u) (all latent functions), in precision form.
 
-    The precision S^-1 and the shift S^-1 m of the current q are cached between steps; they
-    are recomputed from the model's q_sqrt whenever the model holds q arrays that this object
+    The precision S^-1 and the shift S^-1 m of the current q are cached between steps (with
+    rows and columns in reverse order, the order the Cholesky factorisation needs); they are
+    recomputed from the model's q_sqrt whenever the model holds q arrays that this object
     did not write (the cache is keyed on the arrays' identity).
 
     A step whose new precision is not numerically positive definite (possible only for
@@ -219,8 +221,9 @@ class NaturalGradient:
             Linv, info = lapack.dtrtri(np.tril(sq[l]), lower=1)
             if info != 0:
                 raise np.linalg.LinAlgError("q_sqrt is singular; natural gradients need S > 0")
-            self._prec[l] = Linv.T @ Linv
-            self._shift[l] = self._prec[l] @ mu[:, l]
+            prec = Linv.T @ Linv
+            self._prec[l] = _flip(prec)
+            self._shift[l] = (prec @ mu[:, l])[::-1]
 
     def step(self, model, d_m, d_S, rho, prior_prec=None):
         """One natural-gradient step of size rho in (0, 1] on the model's q, in place.
@@ -245,16 +248,21 @@ class NaturalGradient:
         new_prec = np.empty((L, M, M))
         new_shift = np.empty((L, M))
         for l in range(L):
-            target_prec = -2.0 * d_S[l]
+            # The target (prior plus likelihood) precision and shift, reversed (J . J) so that
+            # the Cholesky factor R of the new reversed precision gives q_sqrt = J R^-T J.
+            target_prec = _flip(d_S[l]) * -2.0
             if prior_prec is None:
                 target_prec.flat[:: M + 1] += 1.0
             else:
-                target_prec += prior_prec
-            target_shift = d_m[:, l] - 2.0 * (d_S[l] @ mu[:, l])
+                target_prec += _flip(prior_prec)
+            target_shift = (d_m[:, l] - 2.0 * (d_S[l] @ mu[:, l]))[::-1]
             r = rho
             for _ in range(self._MAX_HALVINGS + 1):
-                prec = (1.0 - r) * self._prec[l] + r * target_prec
-                R, info = lapack.dpotrf(_flip(prec), lower=1, clean=1)
+                np.multiply(target_prec, r, out=new_prec[l])
+                new_prec[l] += (1.0 - r) * self._prec[l]
+                # The precision is symmetric: a C-ordered copy read in Fortran order is itself,
+                # so LAPACK factors the copy in place.
+                R, info = lapack.dpotrf(new_prec[l].T.copy(order="F"), lower=1, clean=1, overwrite_a=1)
                 if info == 0:
                     break
                 r *= 0.5
@@ -274,10 +282,11 @@ class NaturalGradient:
                 new_mu[:, l] = mu[:, l]
                 new_sqrt[l] = model.q_sqrt.reshape(L, M, M)[l]
                 continue
-            shift = (1.0 - r) * self._shift[l] + r * target_shift
-            new_prec[l], new_shift[l] = prec, shift
-            new_mu[:, l] = lapack.dpotrs(R, shift[::-1], lower=1)[0][::-1]
-            Rinv = lapack.dtrtri(R, lower=1)[0]
+            shift = target_shift * r
+            shift += (1.0 - r) * self._shift[l]
+            new_shift[l] = shift
+            new_mu[::-1, l] = lapack.dpotrs(R, shift, lower=1)[0]
+            Rinv = lapack.dtrtri(R, lower=1, overwrite_c=1)[0]
             new_sqrt[l] = _flip(Rinv.T)
         model.q_mu = new_mu.reshape(model.q_mu.shape)
         model.q_sqrt = new_sqrt.reshape(model.q_sqrt.shape)
