@@ -92,10 +92,15 @@ def minibatches(X, t, batch_size, rng):
         order = rng.permutation(n_chunks)
         for g in range(0, n_chunks, chunks_per_buffer):
             starts = np.sort(order[g : g + chunks_per_buffer]) * CHUNK_ROWS
-            X_buf = np.concatenate(
-                [carry_X] + [np.asarray(X[s : s + CHUNK_ROWS], dtype=np.float64) for s in starts]
-            )
-            t_buf = np.concatenate([carry_t] + [t[s : s + CHUNK_ROWS] for s in starts])
+            sizes = np.minimum(starts + CHUNK_ROWS, n) - starts
+            X_buf = np.empty((len(carry_t) + sizes.sum(), d))
+            t_buf = np.empty(X_buf.shape[0])
+            X_buf[: len(carry_t)], t_buf[: len(carry_t)] = carry_X, carry_t
+            pos = len(carry_t)
+            for s, size in zip(starts, sizes):
+                X_buf[pos : pos + size] = X[s : s + size]  # converted to float64 on the way
+                t_buf[pos : pos + size] = t[s : s + size]
+                pos += size
             perm = rng.permutation(X_buf.shape[0])
             n_full = X_buf.shape[0] // B
             for i in range(n_full):

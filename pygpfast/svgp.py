@@ -522,15 +522,20 @@ _COMMON_DOC = """
     batch_size : int or 'auto', default 'auto'
         Minibatch size B of the stochastic optimisers ('auto' = 256).
     learning_rate : float or 'auto', default 'auto'
-        Step size of Adam (0.01 for 'auto'; used on Z and the hyperparameters with 'natgrad')
-        or Adadelta's step rate (0.1 for 'auto', as in seed 000).
+        Step size of Adam or Adadelta's step rate. 'auto': 0.01 for 'adam'; 0.01 for the Adam
+        steps on Z and the hyperparameters of 'natgrad', decayed as 0.01 / sqrt(1 + t / 100)
+        over steps t; 0.1 for 'adadelta' (seed 000's MNIST setting).
     natgrad_step : float in (0, 1] or 'auto', default 'auto'
         Natural-gradient step size rho for q(u). 'auto': 1 for a Gaussian likelihood on the
-        full batch (the exact optimum in one step), 0.1 otherwise.
+        full batch (the exact optimum in one step); otherwise rho_t = max(1 / (t + 1), B / N):
+        q is the running average of the minibatch targets for the first epoch (exact for a
+        Gaussian likelihood with fixed hyperparameters), then an exponential average over
+        about one epoch, which tracks the moving hyperparameters while averaging out the
+        minibatch noise.
     max_iter : int, default 1000
         L-BFGS-B iterations, or epochs (passes of ceil(N / B) minibatch steps) for the
         stochastic optimisers.
-    tol : float, default 1e-5
+    tol : float, default 1e-6
         Convergence tolerance on the ELBO per row: L-BFGS-B stops when an iteration changes it
         by less than tol (relative to max(1, |ELBO / N|); scipy's ftol); the stochastic
         optimisers stop when the epoch-mean minibatch ELBO per row has not improved on its
@@ -595,7 +600,7 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
 
     def __init__(self, kernel=None, *, likelihood="probit", n_inducing=100, inducing_points=None,
                  method="kl", whiten=True, optimizer="auto", batch_size="auto", learning_rate="auto",
-                 natgrad_step="auto", max_iter=1000, tol=1e-5, n_iter_no_change=5,
+                 natgrad_step="auto", max_iter=1000, tol=1e-6, n_iter_no_change=5,
                  train_inducing=True, optimize_hyperparameters=True, jitter=1e-6, random_state=None,
                  verbose=0, callback=None):
         self.kernel = kernel
@@ -709,7 +714,7 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
 
     def __init__(self, kernel=None, *, likelihood=None, normalize_y=True, n_inducing=100,
                  inducing_points=None, method="kl", whiten=True, optimizer="auto", batch_size="auto",
-                 learning_rate="auto", natgrad_step="auto", max_iter=1000, tol=1e-5, n_iter_no_change=5,
+                 learning_rate="auto", natgrad_step="auto", max_iter=1000, tol=1e-6, n_iter_no_change=5,
                  train_inducing=True, optimize_hyperparameters=True, jitter=1e-6, random_state=None,
                  verbose=0, callback=None):
         self.kernel = kernel
