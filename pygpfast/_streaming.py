@@ -108,3 +108,4 @@ def minibatches(X, t, batch_size, rng):
                 yield X_buf[idx], t_buf[idx]
             rest = perm[n_full * B :]
             carry_X, carry_t = X_buf[rest], t_buf[rest]
+            del X_buf, t_buf  # one buffer alive at a time
