@@ -36,6 +36,7 @@ def kernel_K_vjp(
     G: F64,
     want_dX: bool = False,
     want_dX2: bool = False,
+    values: F64 | None = None,
 ) -> tuple[F64, F64 | None, F64 | None]: ...
 def kernel_Kdiag_vjp(codes: NDArray[np.int32], params: F64, X: F64, g: F64) -> F64: ...
 
@@ -70,7 +71,9 @@ def svgp_elbo(
     jitter: float,
     with_grad: bool,
     natural: bool = False,
-) -> tuple[float, float, float, float, tuple[F64, F64, F64, F64, float] | None]: ...
+    path: str = "auto",
+    return_path: bool = False,
+) -> tuple: ...  # (elbo, ell, kl, extra_jitter, grads | None[, path])
 def svgp_predict_f(
     codes: NDArray[np.int32],
     params: F64,

@@ -127,42 +127,66 @@ constexpr double kPriceVariance = 1e-10;
 // returned, so optimisers see a consistent objective (Price's E[d2]/2 differs from them by the
 // quadrature error). For var < kPriceVariance, where the division would amplify rounding,
 // dV/dvar takes Price's form sum_k w_k d2(f_k) / 2, equal to it to O(var).
-template <LogDensity (*log_density)(double y, double f)>
-[[gnu::always_inline]] inline void gh_expectation(const double* x, const double* w, int n_gh, double y,
-                                                  double mu, double var, double* value, double* dmu,
-                                                  double* dvar) {
-  const double scale = std::sqrt(2.0 * var);
-  double e = 0.0, g = 0.0, gx = 0.0, h = 0.0;
-#pragma omp simd reduction(+ : e, g, gx, h)
-  for (int k = 0; k < n_gh; ++k) {
-    const LogDensity t = log_density(y, mu + scale * x[k]);
-    e += w[k] * t.value;
-    g += w[k] * t.d1;
-    gx += w[k] * x[k] * t.d1;
-    h += w[k] * t.d2;
-  }
-  *value = e;
-  *dmu = g;
-  *dvar = var >= kPriceVariance ? gx / scale : 0.5 * h;
-}
+//
+// With s = 2y - 1 the Bernoulli log densities are log Phi(s f) (probit) and log sigmoid(s f)
+// (logit). A block of points has all its nodes' log densities evaluated as one array, so that
+// the long per-value chains of operations overlap (vmath::log_normal_cdf's array form).
+constexpr index_t kPointsPerBlock = 16;
 
-// One point of the Bernoulli expectations, compiled once per SIMD level (vmath.hpp).
-PYGPFAST_SIMD_CLONES void bernoulli_expectation(bool probit, const double* x, const double* w, int n_gh,
-                                                double y, double mu, double var, double* value,
-                                                double* dmu, double* dvar) {
-  if (probit)
-    gh_expectation<probit_log_density>(x, w, n_gh, y, mu, var, value, dmu, dvar);
-  else
-    gh_expectation<logit_log_density>(x, w, n_gh, y, mu, var, value, dmu, dvar);
+PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const double* x, const double* w, int n_gh,
+                                          const double* y, const double* mu, const double* var,
+                                          index_t count, double* value, double* dmu, double* dvar) {
+  double z[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];
+  double v0[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // log p
+  double v1[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // d log p / d(s f)
+  double v2[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // d2 log p / d f2
+  const index_t n = count * n_gh;
+  for (index_t p = 0; p < count; ++p) {
+    const double s = y[p] > 0.5 ? 1.0 : -1.0, scale = std::sqrt(2.0 * var[p]);
+#pragma omp simd
+    for (int k = 0; k < n_gh; ++k) z[p * n_gh + k] = s * (mu[p] + scale * x[k]);
+  }
+  if (probit) {
+    vmath::log_normal_cdf(z, v0, v1, n);
+#pragma omp simd
+    for (index_t i = 0; i < n; ++i) v2[i] = -v1[i] * (v1[i] + z[i]);
+  } else {
+#pragma omp simd
+    for (index_t i = 0; i < n; ++i) {
+      const SigmoidPair sp = sigmoid_pair(z[i]);
+      v0[i] = sp.log_of_z;
+      v1[i] = sp.of_minus_z;
+      v2[i] = -sp.of_z * sp.of_minus_z;
+    }
+  }
+  for (index_t p = 0; p < count; ++p) {
+    const double* a0 = v0 + p * n_gh;
+    const double* a1 = v1 + p * n_gh;
+    const double* a2 = v2 + p * n_gh;
+    double e = 0.0, g = 0.0, gx = 0.0, h = 0.0;
+#pragma omp simd reduction(+ : e, g, gx, h)
+    for (int k = 0; k < n_gh; ++k) {
+      e += w[k] * a0[k];
+      g += w[k] * a1[k];
+      gx += w[k] * x[k] * a1[k];
+      h += w[k] * a2[k];
+    }
+    const double s = y[p] > 0.5 ? 1.0 : -1.0, scale = std::sqrt(2.0 * var[p]);
+    value[p] = e;
+    dmu[p] = s * g;
+    dvar[p] = var[p] >= kPriceVariance ? s * gx / scale : 0.5 * h;
+  }
 }
 
 void bernoulli_expectations(const Likelihood& lik, const double* y, const double* mu, const double* var,
                             index_t n, double* value, double* dmu, double* dvar) {
   const NormalQuadrature q(lik.n_gh);
   const bool probit = lik.type == LikelihoodType::BernoulliProbit;
-  for_each_point(n, q.size(), [&](index_t i) {
-    bernoulli_expectation(probit, q.x.data(), q.w.data(), q.size(), y[i], mu[i], var[i], value + i, dmu + i,
-                          dvar + i);
+  const index_t blocks = (n + kPointsPerBlock - 1) / kPointsPerBlock;
+  for_each_point(blocks, kPointsPerBlock * q.size(), [&](index_t b) {
+    const index_t first = b * kPointsPerBlock, count = std::min(kPointsPerBlock, n - first);
+    bernoulli_block(probit, q.x.data(), q.w.data(), q.size(), y + first, mu + first, var + first, count,
+                    value + first, dmu + first, dvar + first);
   });
 }
 

@@ -24,4 +24,20 @@ int threads_for(index_t items, index_t min_per_thread);
 // True when the core was compiled with OpenMP.
 bool openmp_enabled();
 
+// While one exists (when `active`), the calling thread runs the core on one thread: its OpenMP
+// loops (threads_for returns 1) and, where the BLAS has a per-thread setting, its BLAS calls.
+// For work too small to pay for a second thread: waking one costs more than it saves, and on a
+// shared machine every barrier waits for a thread the scheduler may have paused.
+class SingleThreadScope {
+ public:
+  explicit SingleThreadScope(bool active);
+  ~SingleThreadScope();
+  SingleThreadScope(const SingleThreadScope&) = delete;
+  SingleThreadScope& operator=(const SingleThreadScope&) = delete;
+
+ private:
+  bool active_;
+  int previous_blas_ = 0;
+};
+
 }  // namespace pygpfast
