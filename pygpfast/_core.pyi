@@ -40,9 +40,11 @@ def kernel_K_vjp(
 ) -> tuple[F64, F64 | None, F64 | None]: ...
 def kernel_Kdiag_vjp(codes: NDArray[np.int32], params: F64, X: F64, g: F64) -> F64: ...
 
-# quadrature and likelihoods (kind: 0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson)
+# quadrature and likelihoods (kind: 0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson,
+# 4 softmax)
 def gauss_hermite(n: int) -> tuple[F64, F64]: ...
-# (num_classes: 0 for the likelihoods of one latent function)
+# (num_classes: 0 for the likelihoods of one latent function, C >= 2 for the softmax; mu, var and
+# the per-latent outputs are [N], or [N, C] for the softmax)
 def variational_expectations(
     kind: int, variance: float, n_gh: int, num_classes: int, y: F64, mu: F64, var: F64
 ) -> tuple[F64, F64, F64, F64]: ...

@@ -40,4 +40,16 @@ class SingleThreadScope {
   int previous_blas_ = 0;
 };
 
+// body(i) for every i in [0, n), on threads_for(n, min_per_thread) threads with a static
+// schedule. Bodies write per-index outputs, so results do not depend on the thread count.
+// The body must not throw (validate before the loop).
+template <class Body>
+void parallel_for(index_t n, index_t min_per_thread, const Body& body) {
+  [[maybe_unused]] const int nt = threads_for(n, min_per_thread);
+#ifdef _OPENMP  // (without it the pragma would draw -Wunknown-pragmas)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+  for (index_t i = 0; i < n; ++i) body(i);
+}
+
 }  // namespace pygpfast
