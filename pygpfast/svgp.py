@@ -38,11 +38,6 @@ from .exceptions import NumericalWarning
 __all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]
 
 
-def _num_latent(likelihood):
-    """Latent functions a likelihood needs: its number of classes for the multi-class ones."""
-    return max(1, likelihood._core_args()[3])
-
-
 class SVGP:
     """The SVGP model: kernel, likelihood, inducing inputs and q(u), with the ELBO.
 
@@ -51,7 +46,7 @@ class SVGP:
     kernel : pygpfast.kernels.Kernel
         Shared by the L latent functions.
     likelihood : pygpfast.likelihoods.Likelihood
-        L = its number of classes for multi-class likelihoods, 1 otherwise.
+        L = its ``latent_dim`` latent functions (the number of classes for Softmax, else 1).
     Z : array_like [M, D]
         Inducing inputs.
     q_mu : array_like [M] (L = 1) or [M, L], optional
@@ -70,7 +65,7 @@ class SVGP:
         self.likelihood = likelihood
         self.Z = as_matrix(Z, "Z").copy()
         M = self.Z.shape[0]
-        L = _num_latent(likelihood)
+        L = likelihood.latent_dim
         self.whiten = bool(whiten)
         self.jitter = float(jitter)
         mu_shape, sqrt_shape = ((M,), (M, M)) if L == 1 else ((M, L), (L, M, M))
@@ -584,10 +579,14 @@ _COMMON_ATTRIBUTES = """
 
 class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
     __doc__ = (
-        "Gaussian-process classifier with a sparse variational posterior (SVGP).\n"
+        "Gaussian-process classifier with a sparse variational posterior (SVGP), binary or\n"
+        "multi-class, with labels of any type.\n"
         + _COMMON_DOC
-        + """    likelihood : {'probit', 'logit'} or pygpfast.likelihoods.Likelihood, default 'probit'
-        Binary problems: Bernoulli with that link (or the given Bernoulli likelihood).
+        + """    likelihood : None, {'probit', 'logit'} or pygpfast.likelihoods.Likelihood, default None
+        None: Bernoulli-probit for two classes (one latent function), the softmax
+        (``likelihoods.Softmax(C)``, C latent functions sharing Z and the kernel) for C > 2.
+        'probit', 'logit': Bernoulli with that link (two classes only). A Bernoulli or
+        Softmax instance is used as given.
 
     Attributes
     ----------
@@ -598,7 +597,7 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
     """
     )
 
-    def __init__(self, kernel=None, *, likelihood="probit", n_inducing=100, inducing_points=None,
+    def __init__(self, kernel=None, *, likelihood=None, n_inducing=100, inducing_points=None,
                  method="kl", whiten=True, optimizer="auto", batch_size="auto", learning_rate="auto",
                  natgrad_step="auto", max_iter=1000, tol=1e-6, n_iter_no_change=5,
                  train_inducing=True, optimize_hyperparameters=True, jitter=1e-6, random_state=None,
@@ -623,24 +622,30 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
         self.verbose = verbose
         self.callback = callback
 
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = False
-        return tags
-
     def _is_probit(self):
         lik = self.likelihood
-        return lik == "probit" or (isinstance(lik, _likelihoods.Bernoulli) and lik.link == "probit")
+        return lik in (None, "probit") or (isinstance(lik, _likelihoods.Bernoulli) and lik.link == "probit")
 
     def _make_likelihood(self):
-        lik = self.likelihood
+        lik, C = self.likelihood, len(self.classes_)
+        if lik is None:
+            return _likelihoods.Bernoulli() if C == 2 else _likelihoods.Softmax(C)
         if isinstance(lik, str):
             if lik not in ("probit", "logit"):
-                raise ValueError(f"likelihood must be 'probit', 'logit' or a Likelihood, got {lik!r}")
+                raise ValueError(f"likelihood must be None, 'probit', 'logit' or a Likelihood, got {lik!r}")
+            if C > 2:
+                raise ValueError(
+                    f"likelihood={lik!r} is binary; y has {C} classes: use likelihood=None (the "
+                    f"softmax) or likelihoods.Softmax({C})"
+                )
             return _likelihoods.Bernoulli(link=lik)
-        if not isinstance(lik, _likelihoods.Bernoulli):
+        if isinstance(lik, _likelihoods.Softmax):
+            if lik.num_classes != C:
+                raise ValueError(f"likelihood is Softmax({lik.num_classes}) but y has {C} classes")
+        elif not (isinstance(lik, _likelihoods.Bernoulli) and C == 2):
             raise ValueError(
-                f"SVGPClassifier needs a Bernoulli likelihood for binary labels, got {lik!r}"
+                f"SVGPClassifier needs a Bernoulli (2 classes) or Softmax likelihood; got {lik!r} "
+                f"for {C} classes"
             )
         return copy.deepcopy(lik)
 
@@ -655,11 +660,6 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
                     "SVGPClassifier needs samples of at least 2 classes; the data contain only "
                     f"one class: {self.classes_[0]!r}"
                 )
-            if len(self.classes_) > 2:
-                raise ValueError(
-                    "Only binary classification is supported. The type of the target is "
-                    f"multiclass ({len(self.classes_)} classes)."
-                )
         elif classes is not None and not np.array_equal(unique_labels(classes), self.classes_):
             raise ValueError(f"classes={classes!r} differs from the first call's {self.classes_!r}")
         unseen = np.setdiff1d(unique_labels(y), self.classes_)
@@ -668,12 +668,15 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
         return self._label_encoder.transform(y).astype(np.float64)
 
     def predict_latent(self, X):
-        """Mean [T] and variance [T] of the latent function at X [T, D]."""
+        """Mean and variance of the latent functions at X [T, D]: [T] each for two classes
+        with a Bernoulli likelihood, [T, C] with the softmax."""
         return self._latent(X)
 
     def predict_proba(self, X):
         """Class probabilities [T, C] (columns in the order of ``classes_``)."""
         mean, var = self._latent(X)
+        if self.model_.num_latent > 1:
+            return self.likelihood_.predict_proba(mean, var)
         p1, _ = self.likelihood_.predict_mean_and_var(mean, var)
         p1 = np.clip(p1, 0.0, 1.0)
         return np.column_stack([1.0 - p1, p1])
@@ -682,9 +685,10 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
         """log p(y = class | X) [T, C], computed in log space."""
         mean, var = self._latent(X)
         n = len(mean)
-        lp0 = self.likelihood_.predict_log_density(np.zeros(n), mean, var)
-        lp1 = self.likelihood_.predict_log_density(np.ones(n), mean, var)
-        return np.column_stack([lp0, lp1])
+        return np.column_stack([
+            self.likelihood_.predict_log_density(np.full(n, float(c)), mean, var)
+            for c in range(len(self.classes_))
+        ])
 
     def predict(self, X):
         """Most probable class [T]."""
@@ -744,7 +748,7 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
     def _make_likelihood(self):
         if self.likelihood is None:
             return _likelihoods.Gaussian(variance=1.0)
-        if not isinstance(self.likelihood, _likelihoods.Likelihood) or _num_latent(self.likelihood) != 1:
+        if not isinstance(self.likelihood, _likelihoods.Likelihood) or self.likelihood.latent_dim != 1:
             raise ValueError(
                 f"likelihood must be a pygpfast likelihood of one latent function, got {self.likelihood!r}"
             )

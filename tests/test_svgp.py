@@ -304,7 +304,6 @@ def test_callback_can_stop_and_verbose_prints(rng, capsys):
     [
         (np.array([[0.0, np.nan], [1.0, 2.0]]), np.array([0, 1]), "NaN"),
         (np.ones((3, 2)), np.array([0, 1]), "inconsistent"),
-        (np.ones((4, 2)), np.array([0, 1, 2, 0]), "Only binary"),
         (np.ones((4, 2)), np.array([0.5, 1.5, 2.5, 3.5]), "Unknown label type"),
         (np.ones((0, 2)), np.array([]), "0 sample"),
     ],
