@@ -175,7 +175,10 @@ def _init_inducing(X, M, random_state):
     """M inducing inputs [M, D]: k-means centres (k-means++ start, at most 30 Lloyd
     iterations) of a random subsample of max(10 M, 10000) rows of X, read at once, so the cost
     does not grow with N (about 0.1 s for M = 100 on one core) and memory-mapped data is
-    touched only there. The k-means threads follow pygpfast.set_num_threads."""
+    touched only there. The k-means threads follow pygpfast.set_num_threads, but a clustering
+    of under ~1e9 flops (n_sub M D per iteration times 30) runs on one thread: on a shared
+    machine its many short parallel regions each wait for a paused thread (measured under
+    load: 1.4 s on two threads against 0.36 s on one)."""
     N = X.shape[0]
     if M >= N:
         return np.array(X, dtype=np.float64, order="C")
@@ -183,7 +186,8 @@ def _init_inducing(X, M, random_state):
     idx = np.sort(sample_without_replacement(N, n_sub, random_state=random_state))
     sub = np.asarray(X[idx], dtype=np.float64)
     km = KMeans(n_clusters=M, n_init=1, max_iter=30, random_state=random_state.randint(2**31 - 1))
-    with threadpool_limits(limits=get_num_threads(), user_api="openmp"):
+    threads = 1 if 30.0 * 3 * n_sub * M * sub.shape[1] < 1e9 else get_num_threads()
+    with threadpool_limits(limits=threads, user_api="openmp"):
         km.fit(sub)
     return np.ascontiguousarray(km.cluster_centers_)
 
