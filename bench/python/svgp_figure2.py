@@ -35,6 +35,11 @@ from pygpfast import SVGPClassifier  # noqa: E402
 METHODS = ("kl", "mf")
 
 
+def classifier(method, M, max_iter, callback):
+    return SVGPClassifier(n_inducing=M, method=method, optimizer="lbfgs", max_iter=max_iter,
+                          random_state=0, callback=callback)
+
+
 def trace(method, M, X, y, max_iter):
     """One uninterrupted fit; [(iteration, seconds since fit started, ELBO)], the fit, warnings."""
     log = []
@@ -43,8 +48,7 @@ def trace(method, M, X, y, max_iter):
         log.append((it, time.perf_counter() - t0, float(elbo)))
         return False
 
-    clf = SVGPClassifier(n_inducing=M, method=method, optimizer="lbfgs", max_iter=max_iter,
-                         random_state=0, callback=note)
+    clf = classifier(method, M, max_iter, note)
     t0 = time.perf_counter()
     seconds, warns = svgp_common.fit(clf, X, y)
     return log, seconds, clf, warns
@@ -58,8 +62,7 @@ def stopped_at(k, method, M, X, y, max_iter):
         seen[it] = float(elbo)
         return it >= k
 
-    clf = SVGPClassifier(n_inducing=M, method=method, optimizer="lbfgs", max_iter=max_iter,
-                         random_state=0, callback=stop)
+    clf = classifier(method, M, max_iter, stop)
     svgp_common.fit(clf, X, y)
     return clf, seen.get(k, np.nan)
 

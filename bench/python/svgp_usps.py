@@ -15,7 +15,7 @@ Reported: hold-out accuracy and mean negative log predictive probability (NLPD),
 
 Usage:
   python bench/python/svgp_usps.py [--quick] [--tasks binary,10class] [--optimizer adam|lbfgs]
-                                   [--max-iter 3000] [--threads 1]
+                                   [--max-iter 10000] [--threads 1]
 """
 
 import argparse
@@ -62,7 +62,7 @@ def main():
     ap.add_argument("--tasks", default="binary,10class")
     ap.add_argument("--M", type=int, default=200)
     ap.add_argument("--optimizer", default="adam", choices=("adam", "lbfgs"))
-    ap.add_argument("--max-iter", type=int, default=3000)
+    ap.add_argument("--max-iter", type=int, default=10000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="first 1000 training images, M = 20, 200 steps")
     args = ap.parse_args()
@@ -77,7 +77,8 @@ def main():
     txt = common.table(rows, cols)
     print(f"\nUSPS (paper, odd-vs-even MNIST: acc {PAPER_MNIST['acc']}, NLPD {PAPER_MNIST['nlp']})\n")
     print(txt)
-    svgp_common.finish("svgp_usps_quick" if args.quick else "svgp_usps", ctx,
+    name = "svgp_usps" + ("_lbfgs" if args.optimizer == "lbfgs" else "") + ("_quick" if args.quick else "")
+    svgp_common.finish(name, ctx,
                        {"settings": vars(args), "paper_mnist": PAPER_MNIST, "rows": rows, "table": txt})
 
 
