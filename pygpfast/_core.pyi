@@ -36,12 +36,15 @@ def kernel_K_vjp(
     G: F64,
     want_dX: bool = False,
     want_dX2: bool = False,
+    values: F64 | None = None,
 ) -> tuple[F64, F64 | None, F64 | None]: ...
 def kernel_Kdiag_vjp(codes: NDArray[np.int32], params: F64, X: F64, g: F64) -> F64: ...
 
-# quadrature and likelihoods (kind: 0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson)
+# quadrature and likelihoods (kind: 0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson,
+# 4 softmax)
 def gauss_hermite(n: int) -> tuple[F64, F64]: ...
-# (num_classes: 0 for the likelihoods of one latent function)
+# (num_classes: 0 for the likelihoods of one latent function, C >= 2 for the softmax; mu, var and
+# the per-latent outputs are [N], or [N, C] for the softmax)
 def variational_expectations(
     kind: int, variance: float, n_gh: int, num_classes: int, y: F64, mu: F64, var: F64
 ) -> tuple[F64, F64, F64, F64]: ...
@@ -70,7 +73,9 @@ def svgp_elbo(
     jitter: float,
     with_grad: bool,
     natural: bool = False,
-) -> tuple[float, float, float, float, tuple[F64, F64, F64, F64, float] | None]: ...
+    path: str = "auto",
+    return_path: bool = False,
+) -> tuple: ...  # (elbo, ell, kl, extra_jitter, grads | None[, path])
 def svgp_predict_f(
     codes: NDArray[np.int32],
     params: F64,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.optimize
+from sklearn.base import is_classifier
 from sklearn.exceptions import ConvergenceWarning
 
 from . import _core
@@ -232,12 +233,11 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
 
 def check_estimator_params(estimator):
     """ValueError unless an SVGP estimator's settings allow ``method="mf"``."""
-    link = getattr(estimator, "link", None)
-    if link != "probit":
-        what = "SVGPRegressor" if link is None else f"link={link!r}"
+    if not estimator._is_probit():
+        what = f"likelihood={estimator.likelihood!r}" if is_classifier(estimator) else "SVGPRegressor"
         raise ValueError(
             "method='mf' (seed 000 section 3.1) rests on the probit augmentation of eq. (9); "
-            f"it needs SVGPClassifier with link='probit', not {what}. Use method='kl'."
+            f"it needs SVGPClassifier with the probit likelihood, not {what}. Use method='kl'."
         )
     if estimator.optimizer not in ("auto", "lbfgs") or estimator.batch_size != "auto":
         raise ValueError(

@@ -482,7 +482,8 @@ class _VGPEstimator(BaseEstimator):
             theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
             info, alpha, lam, Pi = run.at(theta)
         if not self.optimize_hyperparameters:
-            self.history_, self.n_iter_, self.n_evaluations_ = info["history"][:, 0].copy(), 0, 1
+            self.history_, self.n_evaluations_ = info["history"][:, 0].copy(), 1
+            self.n_iter_ = int(info["iterations"])
         if not info["converged"]:
             warnings.warn(f"{self.method} inference did not converge in inner_max_iter="
                           f"{self.inner_max_iter} iterations; increase it or tol",
@@ -584,7 +585,8 @@ _COMMON_ATTRIBUTES = """
         The bound after each hyperparameter iteration, or after each inference iteration when
         the hyperparameters are fixed.
     n_iter_ : int
-        Hyperparameter iterations.
+        Hyperparameter iterations, or the inference's iterations when the hyperparameters are
+        fixed (as for ``history_``).
     n_evaluations_ : int
         Inferences run (one per evaluation of the bound and its gradient).
     kernel_ : pygpfast.kernels.Kernel
@@ -641,6 +643,11 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         self.learn_mean = learn_mean
         self.random_state = random_state
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = self.likelihood != "logit"
+        return tags
+
     def fit(self, X, y):
         """Fit q and (optionally) the hyperparameters.
 
@@ -668,8 +675,8 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         if C < 2:
             raise ValueError(f"y has {C} class; a classifier needs at least 2")
         if self.likelihood == "logit" and C != 2:
-            raise ValueError(f"likelihood='logit' is binary but y has {C} classes; use "
-                             "'multinomial' or 'stick-breaking'")
+            raise ValueError(f"Only binary classification is supported by likelihood='logit'; "
+                             f"y has {C} classes (use 'multinomial' or 'stick-breaking')")
         t = encoder.transform(y).astype(np.float64)
         thresholds = None
         if self.likelihood == "ordinal":  # cut points at the logits of the class frequencies
@@ -741,7 +748,8 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
 
     def predict(self, X):
         """Most probable class [T]."""
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        proba = self.predict_proba(X)
+        return self.classes_[np.argmax(proba, axis=1)]
 
 
 class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):

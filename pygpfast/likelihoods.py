@@ -9,8 +9,10 @@ point n with marginal q(f_n) = N(mu_n, var_n)::
 
     value_n = E_{q(f_n)}[log p(y_n | f_n)]
 
-with its derivatives in mu_n and var_n. Parameters are positive; ``theta`` holds their logs
-(the unconstrained coordinates that optimisers use).
+with its derivatives in mu_n and var_n. Most likelihoods have one latent function per point
+(mu, var [N]); :class:`Softmax` has C of them with independent marginals (mu, var [N, C]).
+Parameters are positive; ``theta`` holds their logs (the unconstrained coordinates that
+optimisers use).
 """
 
 import numbers
@@ -18,12 +20,12 @@ import numbers
 import numpy as np
 
 from . import _core
-from ._validation import as_vector
+from ._validation import as_matrix, as_vector
 
-__all__ = ["Likelihood", "Gaussian", "Bernoulli", "Poisson"]
+__all__ = ["Likelihood", "Gaussian", "Bernoulli", "Poisson", "Softmax"]
 
 # Codes of pygpfast::likelihoods::LikelihoodType (csrc/include/pygpfast/likelihoods.hpp).
-_GAUSSIAN, _BERNOULLI_PROBIT, _BERNOULLI_LOGIT, _POISSON = 0, 1, 2, 3
+_GAUSSIAN, _BERNOULLI_PROBIT, _BERNOULLI_LOGIT, _POISSON, _SOFTMAX = 0, 1, 2, 3, 4
 _LINKS = {"probit": _BERNOULLI_PROBIT, "logit": _BERNOULLI_LOGIT}
 _MAX_GH_POINTS = 100
 
@@ -53,10 +55,12 @@ def _check_positive(value, name):
 
 
 class Likelihood:
-    """Base class of the likelihoods p(y | f) with a scalar latent function f.
+    """Base class of the likelihoods p(y | f).
 
     Subclasses name their positive parameters in ``param_names`` (stored as attributes of the
-    same names) and give the compiled core their description in ``_core_args``.
+    same names) and give the compiled core their description in ``_core_args``. The latent
+    values of N points are [N] arrays when ``latent_dim`` is 1 and [N, latent_dim] arrays
+    otherwise (one column per latent function).
 
     Attributes
     ----------
@@ -65,6 +69,11 @@ class Likelihood:
     """
 
     param_names = ()
+
+    @property
+    def latent_dim(self):
+        """Number of latent functions per point (int): 1 here, C for :class:`Softmax`."""
+        return 1
 
     def _core_args(self):
         """(kind, variance, n_gh, num_classes) for the core's functions (num_classes is 0 for
@@ -110,8 +119,9 @@ class Likelihood:
         ----------
         y : array_like [N]
             Observations, in the likelihood's support.
-        mu, var : array_like [N]
-            Means and variances (>= 0) of the marginals q(f_n) = N(mu_n, var_n).
+        mu, var : array_like [N] (or [N, latent_dim] when ``latent_dim > 1``)
+            Means and variances (>= 0) of the marginals q(f_n) = N(mu_n, var_n) (independent
+            across latent functions).
         return_param_grad : bool, default False
             Also return the derivatives with respect to ``params``.
 
@@ -119,8 +129,8 @@ class Likelihood:
         -------
         value : ndarray [N]
             ``E_q[log p(y_n | f_n)]``.
-        d_mu, d_var : ndarray [N]
-            Derivatives of ``value`` with respect to ``mu`` and ``var``.
+        d_mu, d_var : ndarray, the shape of ``mu``
+            Derivatives of ``value_n`` with respect to ``mu`` and ``var`` (entry by entry).
         d_params : ndarray [N, n_params]
             Only when ``return_param_grad``: ``d_params[n, j] = d value_n / d params[j]``
             (multiply by ``params[j]`` for the derivative in ``theta[j]``).
@@ -146,12 +156,13 @@ class Likelihood:
 
         Parameters
         ----------
-        mu, var : array_like [N]
-            Means and variances (>= 0) of the latent function's marginals.
+        mu, var : array_like [N] (or [N, latent_dim])
+            Means and variances (>= 0) of the latent functions' marginals.
 
         Returns
         -------
-        mean, variance : ndarray [N]
+        mean, variance : ndarray, the shape of ``mu``
+            For :class:`Softmax`, the class probabilities P(y = c) and P(y = c)(1 - P(y = c)).
         """
         mu, var = self._points(mu, var)
         return _core.predict_mean_and_var(*self._core_args(), mu, var)
@@ -163,8 +174,8 @@ class Likelihood:
         ----------
         y : array_like [N]
             Observations, in the likelihood's support.
-        mu, var : array_like [N]
-            Means and variances (>= 0) of the latent function's marginals.
+        mu, var : array_like [N] (or [N, latent_dim])
+            Means and variances (>= 0) of the latent functions' marginals.
 
         Returns
         -------
@@ -249,3 +260,85 @@ class Poisson(Likelihood):
 
     def _repr_args(self):
         return {"n_gh": self.n_gh}
+
+
+class Softmax(Likelihood):
+    """Multi-class labels y in {0, ..., C - 1}, ``p(y = c | f) = exp(f_c) / sum_d exp(f_d)``.
+
+    One latent function per class (``latent_dim = num_classes``); the marginals of the C
+    latent values of a point are independent, ``f_c ~ N(mu_c, var_c)`` (as for C latent GPs with
+    independent q(u_c) sharing inducing inputs). No parameters.
+
+    The C-dimensional expectation ``E[log softmax_y(f)] = mu_y - E[log sum_c exp(f_c)]`` is
+    reduced to one-dimensional ones by Frullani's integral
+    ``log S = integral_0^inf (e^-t - e^-tS) dt / t``: with ``S = sum_c exp(f_c)`` and
+    independent f_c, ``E[e^-tS]`` is the product over classes of ``E[exp(-t e^{f_c})]``, each
+    taken by ``n_gh``-point Gauss-Hermite quadrature, and the integral over ``log t`` by the
+    trapezoidal rule (step 1/2, spectrally accurate) with the control variate ``e^{-tA}``,
+    ``A`` the rule's ``E[S]``, which makes ``var -> 0`` exact (``log softmax_y(mu)``). Class
+    probabilities ``E[softmax_c(f)]`` come from the same sums, in log space. Everything is
+    deterministic: the derivatives are exact for the computed value, so the ELBO is smooth for
+    L-BFGS. Cost per point: about 25 to 60 times ``C * n_gh`` exponentials for latent variances
+    up to about 10 (see ``csrc/include/pygpfast/softmax.hpp``).
+
+    Accuracy is set by ``n_gh`` and the latent variances; the outer rule's floor is about 1e-8
+    in values and 1e-7 in gradients and probabilities. On the marginals of softmax SVGPs fitted
+    to USPS (latent variances up to 12) the default's largest errors were 4e-8 in the value and
+    1.4e-7 in gradients and class probabilities; on glass (variances up to 9) 2e-5 and 5e-5
+    (``bench/python/bench_softmax.py``, ``bench/README.md``). A quasi-Monte-Carlo rule with 4096
+    points was 10^2 to 10^5 times less accurate there.
+
+    Parameters
+    ----------
+    num_classes : int
+        Number of classes C (at least 2).
+    n_gh : int, default 20
+        Gauss-Hermite points per class (1 to 100).
+    """
+
+    def __init__(self, num_classes, n_gh=20):
+        if (
+            not isinstance(num_classes, numbers.Integral)
+            or isinstance(num_classes, bool)
+            or num_classes < 2
+        ):
+            raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
+        self.num_classes = int(num_classes)
+        self.n_gh = _check_n_gh(n_gh)
+
+    @property
+    def latent_dim(self):
+        """Number of latent functions per point: ``num_classes``."""
+        return self.num_classes
+
+    def _core_args(self):
+        return (_SOFTMAX, 1.0, self.n_gh, self.num_classes)
+
+    def _points(self, mu, var, y=None):
+        shape = f"[N, {self.num_classes}] (one column per class)"
+        mu = as_matrix(mu, "mu")
+        if mu.shape[1] != self.num_classes:
+            raise ValueError(f"mu must have shape {shape}, got {mu.shape}")
+        var = as_matrix(var, "var")
+        if var.shape != mu.shape:
+            raise ValueError(f"var must have the shape of mu, {mu.shape}, got {var.shape}")
+        if y is None:
+            return mu, var
+        return as_vector(y, "y", size=mu.shape[0]), mu, var
+
+    def predict_proba(self, mu, var):
+        """Class probabilities ``P(y = c) = E[softmax_c(f)]`` [N, C]; rows sum to 1.
+
+        Parameters
+        ----------
+        mu, var : array_like [N, C]
+            Means and variances (>= 0) of the latent functions' marginals.
+
+        Returns
+        -------
+        proba : ndarray [N, C]
+        """
+        return self.predict_mean_and_var(mu, var)[0]
+
+    def _repr_args(self):
+        return {"num_classes": self.num_classes, "n_gh": self.n_gh}

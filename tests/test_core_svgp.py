@@ -82,3 +82,119 @@ def test_natural_outputs_gaussian_closed_form(rng):
     A = scipy.linalg.solve_triangular(Lz, kernel(Z, X), lower=True)
     np.testing.assert_allclose(d_S, 2.0 * (-0.5 / 0.2) * A @ A.T, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(d_m, 2.0 * A @ ((y - A.T @ m) / 0.2), rtol=1e-12, atol=1e-14)
+
+
+# ---------------------------------------------------------------- the two marginal paths
+def path_problem(rng, M, B, D=2, lengthscale=1.2, whiten=True):
+    X = rng.standard_normal((B, D))
+    Z = rng.standard_normal((M, D))
+    y = (np.sin(2 * X[:, 0]) + 0.3 * rng.standard_normal(B) > 0).astype(float)
+    kernel = kernels.RBF(variance=1.1, lengthscale=np.full(D, lengthscale))
+    m = 0.3 * rng.standard_normal(M)
+    L = np.tril(0.1 * rng.standard_normal((M, M)), -1) + np.diag(0.4 + 0.5 * rng.random(M))
+    if not whiten:
+        L = np.linalg.cholesky(kernel(Z) + 1e-6 * np.eye(M)) @ L
+    return X, y, Z, kernel, m, L
+
+
+def elbo_by_path(kernel, Z, m, L, whiten, X, y, path, natural=False, jitter=1e-6):
+    lik = likelihoods.Bernoulli("probit")
+    codes, params = kernel._spec(Z.shape[1])
+    return _core.svgp_elbo(codes, params, *lik._core_args(), Z, m, L, whiten, X, y, 3.0, jitter, True,
+                           natural=natural, path=path, return_path=True)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("natural", [False, True])
+def test_paths_agree(rng, whiten, natural):
+    X, y, Z, kernel, m, L = path_problem(rng, M=12, B=90, whiten=whiten)
+    solve = elbo_by_path(kernel, Z, m, L, whiten, X, y, "solve", natural)
+    pre = elbo_by_path(kernel, Z, m, L, whiten, X, y, "precomputed", natural)
+    assert (solve[5], pre[5]) == ("solve", "precomputed")
+    # The paths round differently, and the precomputed one loses ~log10(cond(Kzz)) digits
+    # (svgp.hpp); unwhitened gradients pass once more through Lz^-T.
+    cond = np.linalg.cond(kernel(Z) + 1e-6 * np.eye(len(Z)))
+    rtol = 1e-13 * cond * (1.0 if whiten else np.sqrt(cond))
+    np.testing.assert_allclose(pre[0], solve[0], rtol=1e-12)
+    for a, b in zip(pre[4][:4], solve[4][:4]):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * np.abs(b).max())
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_precomputed_gradients_match_finite_differences(rng, whiten):
+    X, y, Z, kernel, m, L = path_problem(rng, M=5, B=40, whiten=whiten)
+    _, _, _, _, (d_m, d_L, d_Z, d_kern, _), path = elbo_by_path(kernel, Z, m, L, whiten, X, y, "precomputed")
+    assert path == "precomputed"
+
+    def value(m_=m, L_=L, Z_=Z, kern=kernel):
+        return elbo_by_path(kern, Z_, m_, L_, whiten, X, y, "precomputed")[0]
+
+    eps = 1e-6
+    num = np.array([(value(m_=m + eps * e) - value(m_=m - eps * e)) / (2 * eps) for e in np.eye(5)])
+    np.testing.assert_allclose(d_m, num, rtol=1e-6, atol=1e-7)
+    num = np.zeros_like(L)
+    for i, j in zip(*np.tril_indices(5)):
+        E = np.zeros_like(L)
+        E[i, j] = eps
+        num[i, j] = (value(L_=L + E) - value(L_=L - E)) / (2 * eps)
+    np.testing.assert_allclose(d_L, num, rtol=1e-5, atol=1e-6)
+    num = np.zeros_like(Z)
+    for i, j in np.ndindex(*Z.shape):
+        E = np.zeros_like(Z)
+        E[i, j] = eps
+        num[i, j] = (value(Z_=Z + E) - value(Z_=Z - E)) / (2 * eps)
+    np.testing.assert_allclose(d_Z, num, rtol=1e-5, atol=1e-6)
+    num = []
+    for p in range(kernel.n_params):
+        ks = []
+        for sign in (1, -1):
+            k2 = kernels.RBF(variance=kernel.params[0], lengthscale=kernel.params[1:].copy())
+            params = kernel.params.copy()
+            params[p] += sign * eps
+            k2.params = params
+            ks.append(value(kern=k2))
+        num.append((ks[0] - ks[1]) / (2 * eps))
+    np.testing.assert_allclose(d_kern, num, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_picks_the_cheaper_path(rng):
+    X, y, Z, kernel, m, L = path_problem(rng, M=8, B=400)
+    assert elbo_by_path(kernel, Z, m, L, True, X, y, "auto")[5] == "precomputed"
+    assert elbo_by_path(kernel, Z, m, L, True, X[:8], y[:8], "auto")[5] == "solve"
+
+
+def test_precomputed_falls_back_when_inaccurate(rng):
+    """Nearly coincident inducing inputs with a small jitter make Kzz ill-conditioned (cond ~3e9):
+    the precomputed variances fail the check and the solve path takes over."""
+    X, y, Z, kernel, m, L = path_problem(rng, M=30, B=300, lengthscale=3.0)
+    Z[1::2] = Z[::2] + 1e-3
+    solve = elbo_by_path(kernel, Z, m, L, True, X, y, "solve", jitter=1e-8)
+    pre = elbo_by_path(kernel, Z, m, L, True, X, y, "precomputed", jitter=1e-8)
+    assert pre[5] == "solve"
+    np.testing.assert_array_equal(pre[0], solve[0])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_blocks_add_up(rng, restore_threads, threads):
+    """A minibatch large enough to be cut into several column blocks (bounded at ~1M entries
+    of M x columns each) per thread gives the dense reference's ELBO and the same gradients
+    on both paths, whatever the thread count."""
+    import pygpfast
+
+    pygpfast.set_num_threads(threads)
+    M, B = 300, 7500
+    X, y, Z, kernel, m, L = path_problem(rng, M=M, B=B, D=6, lengthscale=1.5)
+    lik = likelihoods.Bernoulli("probit")
+    solve = elbo_by_path(kernel, Z, m, L, True, X, y, "solve", natural=True)
+    pre = elbo_by_path(kernel, Z, m, L, True, X, y, "precomputed", natural=True)
+    assert pre[5] == "precomputed"
+    Lz = np.linalg.cholesky(kernel(Z) + 1e-6 * np.eye(M))
+    A = scipy.linalg.solve_triangular(Lz, kernel(Z, X), lower=True)
+    mu = A.T @ m
+    var = kernel.diag(X) - (A * A).sum(0) + ((L.T @ A) ** 2).sum(0)
+    ell = 3.0 * lik.variational_expectations(y, mu, var)[0].sum()
+    kl = 0.5 * (np.sum(L**2) + m @ m - M - 2 * np.log(np.diag(L)).sum())
+    np.testing.assert_allclose(solve[0], ell - kl, rtol=1e-10)
+    np.testing.assert_allclose(pre[0], ell - kl, rtol=1e-10)
+    for a, b in zip(pre[4][:4], solve[4][:4]):
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-7 * np.abs(b).max())

@@ -182,7 +182,7 @@ def test_thread_count_does_not_change_results(rng, restore_threads):
 
 def test_clear_errors(rng):
     X, y = blobs(30, rng)
-    with pytest.raises(ValueError, match="binary"):
+    with pytest.raises(ValueError, match="Only binary classification"):
         VGPClassifier().fit(X, y)
     with pytest.raises(ValueError, match="likelihood"):
         VGPClassifier("probit").fit(X, y)

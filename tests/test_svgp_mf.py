@@ -363,7 +363,7 @@ def test_classifier_mf_with_frozen_hyperparameters_only_solves_a(rng):
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: SVGPClassifier(method="mf", link="logit"), "probit"),
+        (lambda: SVGPClassifier(method="mf", likelihood="logit"), "probit"),
         (lambda: SVGPRegressor(method="mf"), "probit"),
         (lambda: SVGPClassifier(method="mf", optimizer="adam"), "L-BFGS-B"),
         (lambda: SVGPClassifier(method="mf", batch_size=32), "L-BFGS-B"),

@@ -130,5 +130,31 @@ int main(int argc, char** argv) {
     std::snprintf(label, sizeof label, "E[log p] %s N=1e6", name);
     std::printf("%-28s %10.2f %8.1f Mpt/s %10s\n", label, 1e3 * t, P / t / 1e6, "-");
   }
+
+  // Softmax expectations, C = 10 classes: 10^4 points with means N(0, 4) plus 3 on the label's
+  // class and variances 0.05 + |N(0, 1)| (about the spread of a fitted model's marginals).
+  const index_t Ps = 10000, Cs = 10;
+  auto mus = randn(Ps * Cs, 8), vars = randn(Ps * Cs, 9);
+  std::vector<double> ys(Ps), fs(Ps), dmus(Ps * Cs), dvars(Ps * Cs);
+  for (index_t i = 0; i < Ps; ++i) {
+    ys[i] = static_cast<double>(i % Cs);
+    for (index_t c = 0; c < Cs; ++c) {
+      mus[i * Cs + c] = 2.0 * mus[i * Cs + c] + (c == i % Cs ? 3.0 : 0.0);
+      vars[i * Cs + c] = 0.05 + std::fabs(vars[i * Cs + c]);
+    }
+  }
+  for (int n_gh : {10, 20}) {
+    likelihoods::Likelihood lik;
+    lik.type = likelihoods::LikelihoodType::Softmax;
+    lik.num_classes = static_cast<int>(Cs);
+    lik.n_gh = n_gh;
+    const double t = median_seconds([&] {
+      likelihoods::variational_expectations(lik, ys.data(), mus.data(), vars.data(), Ps, fs.data(),
+                                            dmus.data(), dvars.data(), nullptr);
+    });
+    char label[64];
+    std::snprintf(label, sizeof label, "softmax C=10 (%d GH) N=1e4", n_gh);
+    std::printf("%-28s %10.2f %8.3f Mpt/s %10s\n", label, 1e3 * t, Ps / t / 1e6, "-");
+  }
   return 0;
 }

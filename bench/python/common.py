@@ -13,6 +13,15 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
+def data_dir():
+    """The shared data folder (../shared/data next to the repository), or exit."""
+    here = Path(__file__).resolve()
+    for cand in (here.parents[2] / ".." / "shared" / "data", Path("/work/shared/data")):
+        if cand.is_dir():
+            return cand
+    raise SystemExit("shared/data not found")
+
+
 def cpu_model():
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

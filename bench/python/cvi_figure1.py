@@ -23,7 +23,7 @@ objective function is below 1e-3"; the table also gives the flops to reach the f
 
 Usage: python bench/python/cvi_figure1.py [--data ionosphere,glass] [--oa-max-iter 5000]
        [--threads 1] [--glass-likelihood stick-breaking|multinomial] [--replot]
-Writes bench/results/cvi_figure1_<data>.json and bench/cvi_figure1_<data>.png (<data>:
+Writes bench/results/cvi_figure1_<data>.json and bench/figures/cvi_figure1_<data>.png (<data>:
 ionosphere, glass, or glass_multinomial).
 """
 
@@ -38,7 +38,7 @@ import common
 from pygpfast import cvi
 from pygpfast.kernels import RBF
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+FIGURES = Path(__file__).resolve().parents[1] / "figures"
 GRID = (-1.0, 1.0, 3.0)
 PIECES = 20
 PAPER_TOL = 1e-3   # the seed's convergence criterion (absolute increase of the bound)
@@ -50,7 +50,7 @@ def flops_per_eval(lb):
 
 
 def load(name, glass_likelihood):
-    d = np.load(DATA / f"uci_{name}.npz")
+    d = np.load(common.data_dir() / f"uci_{name}.npz")
     X, y = d["X"].astype(np.float64), d["y"]
     if name == "ionosphere":
         y = (y > 0).astype(np.float64)
@@ -164,7 +164,7 @@ def main():
 
         for path in sorted(common.RESULTS.glob("cvi_figure1_*.json")):
             res = json.loads(path.read_text())
-            plot(res["label"], res["rows"], res["png"])
+            plot(res["label"], res["rows"], FIGURES / Path(res["png"]).name)
         return
     from threadpoolctl import threadpool_limits
 
@@ -173,8 +173,8 @@ def main():
     pygpfast.set_num_threads(args.threads)
     with threadpool_limits(args.threads, user_api="blas"):
         for name in args.data.split(","):
-            if not (DATA / f"uci_{name}.npz").exists():
-                print(f"skipping {name}: {DATA} not available")
+            if not (common.data_dir() / f"uci_{name}.npz").exists():
+                print(f"skipping {name}: uci_{name}.npz not in {common.data_dir()}")
                 continue
             X, y, lb = load(name, args.glass_likelihood)
             rows = []
@@ -189,7 +189,7 @@ def main():
                           flush=True)
             label = f"{name} ({lb.likelihood}, N={len(y)}, D={X.shape[1]})"
             tag = name if lb.likelihood in ("logit", "stick-breaking") else f"{name}_{lb.likelihood}"
-            png = Path(__file__).resolve().parents[1] / f"cvi_figure1_{tag}.png"
+            png = FIGURES / f"cvi_figure1_{tag}.png"
             plot(label, rows, png)
             print(table(label, rows))
             out = {"context": common.context(args.threads), "label": label, "rows": rows,

@@ -26,18 +26,18 @@ import argparse
 import importlib.util
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import scipy.optimize
 
 import common
 
-PEERS = Path(__file__).resolve().parents[3] / "shared" / "peers" / "gpc_full.py"
+def peers_script():
+    return common.data_dir().parent / "peers" / "gpc_full.py"
 
 
 def peers_module():
-    spec = importlib.util.spec_from_file_location("peers_gpc_full", PEERS)
+    spec = importlib.util.spec_from_file_location("peers_gpc_full", peers_script())
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -106,8 +106,8 @@ def main():
 
     import pygpfast
 
-    if not PEERS.exists():
-        print(f"{PEERS} not available; nothing to do")
+    if not peers_script().exists():
+        print(f"{peers_script()} not available; nothing to do")
         return
     pygpfast.set_num_threads(args.threads)
     peers = peers_module()

@@ -13,7 +13,6 @@ Usage:
 import argparse
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -32,14 +31,6 @@ PAPER_M8 = {
 }
 
 
-def data_dir():
-    here = Path(__file__).resolve()
-    for cand in (here.parents[2] / ".." / "shared" / "data", Path("/work/shared/data")):
-        if cand.is_dir():
-            return cand
-    raise SystemExit("shared/data not found")
-
-
 def nlp(clf, X, y):
     P = clf.predict_proba(X)
     col = np.searchsorted(clf.classes_, y)
@@ -53,7 +44,7 @@ def main():
     ap.add_argument("--M", type=int, default=8)
     ap.add_argument("--max-iter", type=int, default=1000)
     args = ap.parse_args()
-    root = data_dir()
+    root = common.data_dir()
     rows = []
     for name in args.sets.split(","):
         d = np.load(root / f"ratsch_{name}.npz")

@@ -75,10 +75,12 @@ void bind_kernels(py::module_& m) {
   m.def(
       "kernel_K_vjp",
       [](const py::array& codes, const py::array& params, const py::array& x,
-         const std::optional<py::array>& x2, const py::array& g, bool want_dX, bool want_dX2) {
+         const std::optional<py::array>& x2, const py::array& g, bool want_dX, bool want_dX2,
+         const std::optional<py::array>& values) {
         const Pair in = as_pair(x, x2);
         const auto kernel = make_kernel(codes, params, in.X.cols);
         const ConstMatrixView G = as_matrix(g, "G");
+        const ConstMatrixView Kv = values ? as_matrix(*values, "values") : ConstMatrixView();
         auto dparams = zeros_vector(kernel.num_params());
         py::object dX_out = py::none(), dX2_out = py::none();
         MatrixView dX, dX2;
@@ -95,16 +97,20 @@ void bind_kernels(py::module_& m) {
         double* dp = dparams.mutable_data();
         {
           py::gil_scoped_release release;
-          kernel.K_vjp(in.X, in.X2, in.same, G, dp, want_dX ? &dX : nullptr,
-                       want_dX2 ? &dX2 : nullptr);
+          if (values)
+            kernel.K_vjp(in.X, in.X2, in.same, G, Kv, dp, want_dX ? &dX : nullptr, want_dX2 ? &dX2 : nullptr);
+          else
+            kernel.K_vjp(in.X, in.X2, in.same, G, dp, want_dX ? &dX : nullptr, want_dX2 ? &dX2 : nullptr);
         }
         return py::make_tuple(dparams, dX_out, dX2_out);
       },
       py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("X2").none(true), py::arg("G"),
-      py::arg("want_dX") = false, py::arg("want_dX2") = false,
+      py::arg("want_dX") = false, py::arg("want_dX2") = false, py::arg("values") = py::none(),
       "Vector-Jacobian products of sum(G * K(X, X2)): (dparams [P], dX [N, D] or None, "
       "dX2 [M, D] or None). With X2=None, dX and dX2 are the partial gradients through the "
-      "first and second argument; the gradient wrt X is their sum.");
+      "first and second argument; the gradient wrt X is their sum. `values` = K(X, X2) from a "
+      "forward pass lets kernels whose gradients follow from their values (a single RBF) skip "
+      "evaluating it again.");
 
   m.def(
       "kernel_Kdiag_vjp",

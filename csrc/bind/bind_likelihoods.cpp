@@ -2,6 +2,30 @@
 #include "pygpfast/quadrature.hpp"
 
 namespace pygpfast::bind {
+namespace {
+
+// The marginal means or variances of n points: [n] for the likelihoods of one latent function,
+// [n, C] for the softmax (latent_dim C). n < 0 takes n from the array.
+const double* latent_array(const py::array& a, const char* name, const likelihoods::Likelihood& lik,
+                           index_t n = -1) {
+  const index_t D = likelihoods::latent_dim(lik);
+  if (D == 1) return as_vector(a, name, n);
+  const ConstMatrixView m = as_matrix(a, name);
+  if ((n >= 0 && m.rows != n) || m.cols != D)
+    throw std::invalid_argument(std::string(name) + " must have shape [" +
+                                (n >= 0 ? std::to_string(n) : std::string("N")) + ", " +
+                                std::to_string(D) + "] (one column per class), got [" +
+                                std::to_string(m.rows) + ", " + std::to_string(m.cols) + "]");
+  return m.data;
+}
+
+// A new array of n points' latent values: [n] or [n, C].
+py::array_t<double> new_latent_array(const likelihoods::Likelihood& lik, index_t n) {
+  const index_t D = likelihoods::latent_dim(lik);
+  return D == 1 ? new_vector(n) : new_matrix(n, D);
+}
+
+}  // namespace
 
 void bind_likelihoods(py::module_& m) {
   m.def(
@@ -21,9 +45,10 @@ void bind_likelihoods(py::module_& m) {
         const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
         const double* yv = as_vector(y, "y");
         const index_t n = y.shape(0);
-        const double* muv = as_vector(mu, "mu", n);
-        const double* varv = as_vector(var, "var", n);
-        auto f = new_vector(n), dmu = new_vector(n), dvar = new_vector(n), dparam = new_vector(n);
+        const double* muv = latent_array(mu, "mu", lik, n);
+        const double* varv = latent_array(var, "var", lik, n);
+        auto f = new_vector(n), dparam = new_vector(n);
+        auto dmu = new_latent_array(lik, n), dvar = new_latent_array(lik, n);
         {
           py::gil_scoped_release release;
           likelihoods::variational_expectations(lik, yv, muv, varv, n, f.mutable_data(),
@@ -35,17 +60,18 @@ void bind_likelihoods(py::module_& m) {
       py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"), py::arg("mu"),
       py::arg("var"),
       "E[log p(y|f)] under f ~ N(mu, var) per point. kind: 0 Gaussian, 1 Bernoulli-probit, "
-      "2 Bernoulli-logit, 3 Poisson. Returns (f, dmu, dvar, dparam), each [N]; dparam is the "
-      "derivative in the Gaussian variance (0 for the others).");
+      "2 Bernoulli-logit, 3 Poisson, 4 softmax (num_classes C >= 2, y in 0..C-1). mu, var: [N], "
+      "or [N, C] for the softmax. Returns (f [N], dmu, dvar (the shape of mu), dparam [N]); "
+      "dparam is the derivative in the Gaussian variance (0 for the others).");
 
   m.def(
       "predict_mean_and_var",
       [](int kind, double variance, int n_gh, int num_classes, const py::array& mu, const py::array& var) {
         const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
-        const double* muv = as_vector(mu, "mu");
+        const double* muv = latent_array(mu, "mu", lik);
         const index_t n = mu.shape(0);
-        const double* varv = as_vector(var, "var", n);
-        auto mean = new_vector(n), y_var = new_vector(n);
+        const double* varv = latent_array(var, "var", lik, n);
+        auto mean = new_latent_array(lik, n), y_var = new_latent_array(lik, n);
         {
           py::gil_scoped_release release;
           likelihoods::predict_mean_and_var(lik, muv, varv, n, mean.mutable_data(),
@@ -54,7 +80,8 @@ void bind_likelihoods(py::module_& m) {
         return py::make_tuple(mean, y_var);
       },
       py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("mu"), py::arg("var"),
-      "Predictive mean and variance of y at f ~ N(mu, var). Returns (mean [N], var [N]).");
+      "Predictive mean and variance of y at f ~ N(mu, var). Returns (mean [N], var [N]); for the "
+      "softmax (mu, var [N, C]): (P(y = c) [N, C], P(y = c) (1 - P(y = c)) [N, C]).");
 
   m.def(
       "predict_log_density",
@@ -63,8 +90,8 @@ void bind_likelihoods(py::module_& m) {
         const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
         const double* yv = as_vector(y, "y");
         const index_t n = y.shape(0);
-        const double* muv = as_vector(mu, "mu", n);
-        const double* varv = as_vector(var, "var", n);
+        const double* muv = latent_array(mu, "mu", lik, n);
+        const double* varv = latent_array(var, "var", lik, n);
         auto out = new_vector(n);
         {
           py::gil_scoped_release release;
@@ -73,7 +100,9 @@ void bind_likelihoods(py::module_& m) {
         return out;
       },
       py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"), py::arg("mu"),
-      py::arg("var"), "log of the predictive density of y at f ~ N(mu, var), per point [N].");
+      py::arg("var"),
+      "log of the predictive density of y at f ~ N(mu, var), per point [N] (mu, var: [N], or "
+      "[N, C] for the softmax).");
 }
 
 }  // namespace pygpfast::bind

@@ -1,6 +1,7 @@
 #include "bind_common.hpp"
 #include "pygpfast/svgp.hpp"
 
+#include <string>
 #include <vector>
 
 namespace pygpfast::bind {
@@ -51,7 +52,14 @@ void bind_svgp(py::module_& m) {
       [](const py::array& codes, const py::array& params, int lik_kind, double lik_variance, int n_gh,
          int num_classes, const py::array& Z, const py::array& q_mu, const py::array& q_sqrt,
          bool whiten, const py::array& X, const py::array& y, double scale, double jitter,
-         bool with_grad, bool natural) {
+         bool with_grad, bool natural, const std::string& path, bool return_path) {
+        svgp::Path p = svgp::Path::Auto;
+        if (path == "solve")
+          p = svgp::Path::Solve;
+        else if (path == "precomputed")
+          p = svgp::Path::Precomputed;
+        else if (path != "auto")
+          throw std::invalid_argument("path must be 'auto', 'solve' or 'precomputed', got '" + path + "'");
         const kernels::Kernel kernel = make_kernel(codes, params, as_matrix(Z, "Z").cols);
         const auto lik = make_likelihood(lik_kind, lik_variance, n_gh, num_classes);
         const auto q = make_variational(Z, q_mu, q_sqrt, whiten);
@@ -77,22 +85,28 @@ void bind_svgp(py::module_& m) {
         svgp::Result r;
         {
           py::gil_scoped_release release;
-          r = svgp::elbo(kernel, lik, q, batch, jitter, with_grad ? &g : nullptr);
+          r = svgp::elbo(kernel, lik, q, batch, jitter, with_grad ? &g : nullptr, p);
         }
         py::object grads = py::none();
         if (with_grad) grads = py::make_tuple(d_mu, d_sqrt, d_Z, d_kern, d_lik);
-        return py::make_tuple(r.elbo, r.expected_log_lik, r.kl, r.jitter, grads);
+        if (return_path)
+          return py::tuple(py::make_tuple(r.elbo, r.expected_log_lik, r.kl, r.jitter, grads,
+                                          r.path == svgp::Path::Precomputed ? "precomputed" : "solve"));
+        return py::tuple(py::make_tuple(r.elbo, r.expected_log_lik, r.kl, r.jitter, grads));
       },
       py::arg("codes"), py::arg("params"), py::arg("lik_kind"), py::arg("lik_variance"),
       py::arg("n_gh"), py::arg("num_classes"), py::arg("Z"), py::arg("q_mu"), py::arg("q_sqrt"),
       py::arg("whiten"), py::arg("X"), py::arg("y"), py::arg("scale"), py::arg("jitter"),
-      py::arg("with_grad"), py::arg("natural") = false,
+      py::arg("with_grad"), py::arg("natural") = false, py::arg("path") = "auto",
+      py::arg("return_path") = false,
       "SVGP ELBO on a minibatch, for q_mu [M] and q_sqrt [M, M] (one latent function) or q_mu [M, L] "
       "and q_sqrt [L, M, M]. Returns (elbo, expected_log_lik, kl, extra_jitter, grads) with grads = "
       "(d_q_mu, d_q_sqrt (shaped like their inputs), d_Z [M, D], d_kernel [P], d_lik_variance) or None. "
       "With natural=True the first two are instead d ELL / d m and d ELL / d S (symmetric, shaped like "
       "q_sqrt) of the scaled expected log-likelihood alone, in q's coordinates (v when whitened, u "
-      "otherwise), for natural-gradient steps; the others are unchanged.");
+      "otherwise), for natural-gradient steps; the others are unchanged. path: 'auto' (the cheaper "
+      "of the two evaluations of svgp.hpp), 'solve' or 'precomputed' (which falls back to 'solve' when "
+      "its accuracy check fails); with return_path=True the path that ran is appended to the tuple.");
 
   m.def(
       "svgp_predict_f",

@@ -2,6 +2,11 @@
 // the extension uses the BLAS (and thread pool) that numpy/scipy already loaded.
 #include <string>
 
+#if defined(__linux__) && __has_include(<dlfcn.h>)
+#include <dlfcn.h>
+#define PYGPFAST_HAVE_DLADDR 1
+#endif
+
 #include "bind_common.hpp"
 #include "pygpfast/blas.hpp"
 
@@ -18,6 +23,24 @@ void* capsule_pointer(const py::dict& capi, const char* module, const char* name
   return p;
 }
 
+// OpenBLAS's per-thread thread count, looked up in the library that provides scipy's BLAS
+// (the capsule points into scipy's cython_blas module, whose dependencies include it); null
+// when that BLAS has none.
+blas::set_num_threads_local_t find_set_num_threads_local(void* routine) {
+#ifdef PYGPFAST_HAVE_DLADDR
+  Dl_info info;
+  if (dladdr(routine, &info) == 0 || info.dli_fname == nullptr) return nullptr;
+  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  void* symbol = dlsym(handle, "openblas_set_num_threads_local");
+  dlclose(handle);  // (drops only the reference taken by RTLD_NOLOAD)
+  return reinterpret_cast<blas::set_num_threads_local_t>(symbol);
+#else
+  (void)routine;
+  return nullptr;
+#endif
+}
+
 }  // namespace
 
 void bind_blas(py::module_& m) {
@@ -28,6 +51,7 @@ void bind_blas(py::module_& m) {
   blas::Table t;
   t.dgemm = reinterpret_cast<blas::dgemm_t>(capsule_pointer(b, bm, "dgemm"));
   t.dsyrk = reinterpret_cast<blas::dsyrk_t>(capsule_pointer(b, bm, "dsyrk"));
+  t.dsymm = reinterpret_cast<blas::dsymm_t>(capsule_pointer(b, bm, "dsymm"));
   t.dtrsm = reinterpret_cast<blas::dtrsm_t>(capsule_pointer(b, bm, "dtrsm"));
   t.dtrmm = reinterpret_cast<blas::dtrmm_t>(capsule_pointer(b, bm, "dtrmm"));
   t.dgemv = reinterpret_cast<blas::dgemv_t>(capsule_pointer(b, bm, "dgemv"));
@@ -42,7 +66,11 @@ void bind_blas(py::module_& m) {
   t.dpotri = reinterpret_cast<blas::dpotri_t>(capsule_pointer(l, lm, "dpotri"));
   t.dtrtri = reinterpret_cast<blas::dtrtri_t>(capsule_pointer(l, lm, "dtrtri"));
   t.dpotrs = reinterpret_cast<blas::dpotrs_t>(capsule_pointer(l, lm, "dpotrs"));
+  t.dsygst = reinterpret_cast<blas::dsygst_t>(capsule_pointer(l, lm, "dsygst"));
+  t.dlauum = reinterpret_cast<blas::dlauum_t>(capsule_pointer(l, lm, "dlauum"));
+  t.set_num_threads_local = find_set_num_threads_local(reinterpret_cast<void*>(t.dgemm));
   blas::set_table(t);
+  m.attr("blas_per_thread_control") = t.set_num_threads_local != nullptr;
   m.attr("blas_source") = "scipy.linalg.cython_blas/cython_lapack";
 
   m.def(

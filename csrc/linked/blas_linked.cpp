@@ -6,6 +6,8 @@ extern "C" {
 void dgemm_(char*, char*, int*, int*, int*, double*, double*, int*, double*, int*, double*, double*,
             int*);
 void dsyrk_(char*, char*, int*, int*, double*, double*, int*, double*, double*, int*);
+void dsymm_(char*, char*, int*, int*, double*, double*, int*, double*, int*, double*, double*,
+            int*);
 void dtrsm_(char*, char*, char*, char*, int*, int*, double*, double*, int*, double*, int*);
 void dtrmm_(char*, char*, char*, char*, int*, int*, double*, double*, int*, double*, int*);
 void dgemv_(char*, int*, int*, double*, double*, int*, double*, int*, double*, double*, int*);
@@ -20,6 +22,10 @@ void dpotrf_(char*, int*, double*, int*, int*);
 void dpotri_(char*, int*, double*, int*, int*);
 void dtrtri_(char*, char*, int*, double*, int*, int*);
 void dpotrs_(char*, int*, int*, double*, int*, double*, int*, int*);
+void dsygst_(int*, char*, int*, double*, int*, double*, int*, int*);
+void dlauum_(char*, int*, double*, int*, int*);
+// Present from OpenBLAS 0.3.27 on; weak, so older BLAS still link.
+int openblas_set_num_threads_local(int) __attribute__((weak));
 }
 
 namespace pygpfast::blas {
@@ -28,6 +34,7 @@ void install_linked_blas() {
   Table t;
   t.dgemm = dgemm_;
   t.dsyrk = dsyrk_;
+  t.dsymm = dsymm_;
   t.dtrsm = dtrsm_;
   t.dtrmm = dtrmm_;
   t.dgemv = dgemv_;
@@ -42,6 +49,9 @@ void install_linked_blas() {
   t.dpotri = dpotri_;
   t.dtrtri = dtrtri_;
   t.dpotrs = dpotrs_;
+  t.dsygst = dsygst_;
+  t.dlauum = dlauum_;
+  t.set_num_threads_local = openblas_set_num_threads_local;  // (null if absent)
   set_table(t);
 }
 

@@ -40,20 +40,34 @@ void check(bool ok, const char* routine, const char* what) {
 
 const std::vector<std::string>& routine_names() {
   static const std::vector<std::string> names = {
-      "dgemm", "dsyrk", "dtrsm",  "dtrmm",  "dgemv",  "dtrsv",  "dsymv", "dger",
-      "dsyr",  "ddot",  "daxpy", "dscal",  "dpotrf", "dpotri", "dtrtri", "dpotrs"};
+      "dgemm", "dsyrk", "dsymm",  "dtrsm",  "dtrmm",  "dgemv", "dtrsv", "dsymv",
+      "dger",  "dsyr",  "ddot",   "daxpy",  "dscal",  "dpotrf", "dpotri", "dtrtri",
+      "dpotrs", "dsygst", "dlauum"};
   return names;
 }
 
 void set_table(const Table& t) {
-  const void* ptrs[] = {reinterpret_cast<const void*>(t.dgemm),  reinterpret_cast<const void*>(t.dsyrk),
-                        reinterpret_cast<const void*>(t.dtrsm),  reinterpret_cast<const void*>(t.dtrmm),
-                        reinterpret_cast<const void*>(t.dgemv),  reinterpret_cast<const void*>(t.dtrsv),
-                        reinterpret_cast<const void*>(t.dsymv),  reinterpret_cast<const void*>(t.dger),
-                        reinterpret_cast<const void*>(t.dsyr),   reinterpret_cast<const void*>(t.ddot),
-                        reinterpret_cast<const void*>(t.daxpy),  reinterpret_cast<const void*>(t.dscal),
-                        reinterpret_cast<const void*>(t.dpotrf), reinterpret_cast<const void*>(t.dpotri),
-                        reinterpret_cast<const void*>(t.dtrtri), reinterpret_cast<const void*>(t.dpotrs)};
+  const void* ptrs[] = {
+      reinterpret_cast<const void*>(t.dgemm),
+      reinterpret_cast<const void*>(t.dsyrk),
+      reinterpret_cast<const void*>(t.dsymm),
+      reinterpret_cast<const void*>(t.dtrsm),
+      reinterpret_cast<const void*>(t.dtrmm),
+      reinterpret_cast<const void*>(t.dgemv),
+      reinterpret_cast<const void*>(t.dtrsv),
+      reinterpret_cast<const void*>(t.dsymv),
+      reinterpret_cast<const void*>(t.dger),
+      reinterpret_cast<const void*>(t.dsyr),
+      reinterpret_cast<const void*>(t.ddot),
+      reinterpret_cast<const void*>(t.daxpy),
+      reinterpret_cast<const void*>(t.dscal),
+      reinterpret_cast<const void*>(t.dpotrf),
+      reinterpret_cast<const void*>(t.dpotri),
+      reinterpret_cast<const void*>(t.dtrtri),
+      reinterpret_cast<const void*>(t.dpotrs),
+      reinterpret_cast<const void*>(t.dsygst),
+      reinterpret_cast<const void*>(t.dlauum),
+  };
   std::string missing;
   for (std::size_t i = 0; i < routine_names().size(); ++i)
     if (ptrs[i] == nullptr) missing += (missing.empty() ? "" : ", ") + routine_names()[i];
@@ -109,6 +123,21 @@ void syrk(Uplo uplo, Trans t, double alpha, ConstMatrixView A, double beta, Matr
     return;
   }
   table().dsyrk(&ul, &tr, &in, &ik, &alpha, const_cast<double*>(A.data), &la, &beta, C.data, &lc);
+}
+
+void symm(Side side, Uplo uplo, double alpha, ConstMatrixView A, ConstMatrixView B, double beta,
+          MatrixView C) {
+  check(A.rows == A.cols, "symm", "A must be square");
+  check(B.rows == C.rows && B.cols == C.cols, "symm", "B and C must have the same shape");
+  check((side == Side::Left ? C.rows : C.cols) == A.rows, "symm", "sizes of A and B differ");
+  if (C.rows == 0 || C.cols == 0) return;
+  // Row-major C = A B is column-major C^T = B^T A (A symmetric): the side and the stored
+  // triangle flip.
+  char sd = flip_side(side), ul = flip_uplo(uplo);
+  int im = to_int(C.cols, "symm"), in = to_int(C.rows, "symm");
+  int la = ld_of(A), lb = ld_of(B), lc = ld_of(C);
+  table().dsymm(&sd, &ul, &im, &in, &alpha, const_cast<double*>(A.data), &la,
+                const_cast<double*>(B.data), &lb, &beta, C.data, &lc);
 }
 
 namespace {
@@ -226,6 +255,27 @@ int potri_lower(MatrixView L) {
   char ul = 'U';
   int in = to_int(L.rows, "potri"), la = ld_of(L), info = 0;
   table().dpotri(&ul, &in, L.data, &la, &info);
+  return info;
+}
+
+int lauum_lower(MatrixView L) {
+  check(L.rows == L.cols, "lauum", "L must be square");
+  if (L.rows == 0) return 0;
+  // Row-major lower L is column-major upper U = L^T, and dlauum('U') forms U U^T = L^T L.
+  char ul = 'U';
+  int in = to_int(L.rows, "lauum"), la = ld_of(L), info = 0;
+  table().dlauum(&ul, &in, L.data, &la, &info);
+  return info;
+}
+
+int congruence_lower(MatrixView A, ConstMatrixView L) {
+  check(A.rows == A.cols && L.rows == L.cols && A.rows == L.rows, "sygst", "A and L must be square and alike");
+  if (A.rows == 0) return 0;
+  // Column-major, L is U = L^T (upper) and A's row-major lower triangle its upper one:
+  // dsygst(3, 'U') forms U A U^T = L^T A L.
+  int itype = 3, in = to_int(A.rows, "sygst"), la = ld_of(A), lb = ld_of(L), info = 0;
+  char ul = 'U';
+  table().dsygst(&itype, &ul, &in, A.data, &la, const_cast<double*>(L.data), &lb, &info);
   return info;
 }
 

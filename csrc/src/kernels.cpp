@@ -145,6 +145,13 @@ struct Node {
   virtual void Kdiag(ConstMatrixView X, double* out) const = 0;
   virtual void K_vjp(const Inputs& in, ConstMatrixView G, double* dparams, MatrixView* dX,
                      MatrixView* dX2) const = 0;
+  // The same vjp given this node's K(X, X2) (`values`), for nodes whose gradients follow from
+  // their values without evaluating the kernel again. Returns false (and does nothing) for the
+  // others.
+  virtual bool K_vjp_from_values(const Inputs&, ConstMatrixView /*G*/, ConstMatrixView /*values*/,
+                                 double* /*dparams*/, MatrixView* /*dX*/, MatrixView* /*dX2*/) const {
+    return false;
+  }
   virtual void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const = 0;
 };
 
@@ -330,7 +337,7 @@ class Stationary final : public Node {
   // so beyond one elementwise pass the work is two GEMMs, W [b, b o b] and W^T [a, 1].
   void K_vjp(const Inputs& in, ConstMatrixView G, double* dparams, MatrixView* dX,
              MatrixView* dX2) const override {
-    const index_t N = in.X.rows, M = in.X2.rows, D = in.X.cols;
+    const index_t N = in.X.rows, M = in.X2.rows;
     const ScaledPair s(in, inv_lengthscale_);
     Matrix W_buf(N, M);
     const MatrixView W = W_buf.view();
@@ -349,20 +356,65 @@ class Stationary final : public Node {
     });
     dparams[offset_] += ordered_sum(row_gf);
     if (!ard_) dparams[offset_ + 1] += -2.0 * inv_lengthscale_[0] * ordered_sum(row_wr2);
+    contract(s, W, row_w, ard_, dparams, dX, dX2);
+  }
 
-    // The O((N + M) D) loops below are too small to be worth threads.
-    if (ard_ || dX != nullptr) {
-      // WB = W [b, b o b] (the b o b half only for ARD).
-      const index_t cols = ard_ ? 2 * D : D;
+  // RBF: dk/d(r^2) = -k / 2, so W = -G o K / 2 and the variance's gradient is sum G o K / variance,
+  // with no distance or exp to evaluate. The isotropic lengthscale's gradient is then the sum of
+  // the per-dimension ones (from the W (b o b) GEMM).
+  bool K_vjp_from_values(const Inputs& in, ConstMatrixView G, ConstMatrixView values, double* dparams,
+                         MatrixView* dX, MatrixView* dX2) const override {
+    if constexpr (T != KernelType::RBF) {
+      return false;
+    } else {
+      const index_t N = in.X.rows, M = in.X2.rows;
+      const ScaledPair s(in, inv_lengthscale_);
+      Matrix W_buf(N, M);
+      const MatrixView W = W_buf.view();
+      std::vector<double> row_gk(N), row_w(N);
+      for_each_row(N, M, false, [&](index_t i, index_t end) noexcept {
+        const double* g = G.row(i);
+        const double* k = values.row(i);
+        double* w = W.row(i);
+        double gk = 0.0;
+#pragma omp simd reduction(+ : gk)
+        for (index_t j = 0; j < end; ++j) {
+          gk += g[j] * k[j];
+          w[j] = -0.5 * g[j] * k[j];
+        }
+        row_gk[i] = gk;
+        row_w[i] = -0.5 * gk;
+      });
+      dparams[offset_] += ordered_sum(row_gk) / variance_;
+      contract(s, W, row_w, true, dparams, dX, dX2);
+      return true;
+    }
+  }
+
+  // The diagonal is the variance; the lengthscales do not enter it.
+  void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const override {
+    dparams[offset_] += vector_sum(g, X.rows);
+  }
+
+ private:
+  // The lengthscale (when `lengthscales`; per dimension, summed for an isotropic kernel), dX and
+  // dX2 gradients from W and its row sums R (see K_vjp). The O((N + M) D) loops are too small to
+  // be worth threads.
+  void contract(const ScaledPair& s, ConstMatrixView W, const std::vector<double>& row_w, bool lengthscales,
+                double* dparams, MatrixView* dX, MatrixView* dX2) const {
+    const index_t N = W.rows, M = W.cols, D = s.a.cols;
+    if (lengthscales || dX != nullptr) {
+      // WB = W [b, b o b] (the b o b half only for the lengthscales).
+      const index_t cols = lengthscales ? 2 * D : D;
       Matrix B_buf(M, cols), WB_buf(N, cols);
       const MatrixView B = B_buf.view(), WB = WB_buf.view();
       for (index_t j = 0; j < M; ++j)
         for (index_t d = 0; d < D; ++d) {
           B(j, d) = s.b(j, d);
-          if (ard_) B(j, D + d) = s.b(j, d) * s.b(j, d);
+          if (lengthscales) B(j, D + d) = s.b(j, d) * s.b(j, d);
         }
       blas::gemm(blas::Trans::No, blas::Trans::No, 1.0, W, B, 0.0, WB);
-      if (ard_) {
+      if (lengthscales) {
         std::vector<double> total(D, 0.0);
         for (index_t i = 0; i < N; ++i)
           for (index_t d = 0; d < D; ++d) {
@@ -370,7 +422,7 @@ class Stationary final : public Node {
             total[d] += a * a * row_w[i] - 2.0 * a * WB(i, d) + WB(i, D + d);
           }
         for (index_t d = 0; d < D; ++d)
-          dparams[offset_ + 1 + d] += -2.0 * inv_lengthscale_[d] * total[d];
+          dparams[offset_ + 1 + (ard_ ? d : 0)] += -2.0 * inv_lengthscale_[d] * total[d];
       }
       if (dX != nullptr)
         for (index_t i = 0; i < N; ++i)
@@ -392,12 +444,6 @@ class Stationary final : public Node {
     }
   }
 
-  // The diagonal is the variance; the lengthscales do not enter it.
-  void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const override {
-    dparams[offset_] += vector_sum(g, X.rows);
-  }
-
- private:
   index_t offset_;
   double variance_;
   bool ard_;                             // one lengthscale per dimension (else one shared)
@@ -840,6 +886,18 @@ void Kernel::K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrix
   if (dX2 != nullptr) check_shape("dX2", dX2->rows, dX2->cols, X2.rows, X2.cols);
   if (X.rows == 0 || X2.rows == 0) return;
   root_->K_vjp(in, G, dparams, dX, dX2);
+}
+
+void Kernel::K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrixView G,
+                   ConstMatrixView values, double* dparams, MatrixView* dX, MatrixView* dX2) const {
+  const Inputs in{X, X2, same};
+  check_inputs(in, input_dim_);
+  check_shape("G", G.rows, G.cols, X.rows, X2.rows);
+  check_shape("K values", values.rows, values.cols, X.rows, X2.rows);
+  if (dX != nullptr) check_shape("dX", dX->rows, dX->cols, X.rows, X.cols);
+  if (dX2 != nullptr) check_shape("dX2", dX2->rows, dX2->cols, X2.rows, X2.cols);
+  if (X.rows == 0 || X2.rows == 0) return;
+  if (!root_->K_vjp_from_values(in, G, values, dparams, dX, dX2)) root_->K_vjp(in, G, dparams, dX, dX2);
 }
 
 void Kernel::Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const {

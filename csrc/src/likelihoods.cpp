@@ -9,6 +9,7 @@
 
 #include "pygpfast/errors.hpp"
 #include "pygpfast/quadrature.hpp"
+#include "pygpfast/softmax.hpp"
 #include "pygpfast/threads.hpp"
 #include "pygpfast/vmath.hpp"
 
@@ -27,12 +28,7 @@ constexpr index_t kMinEvaluationsPerThread = 4096;
 
 template <class Body>
 void for_each_point(index_t n, index_t evaluations_per_point, const Body& body) {
-  [[maybe_unused]] const int nt =
-      threads_for(n, std::max<index_t>(1, kMinEvaluationsPerThread / evaluations_per_point));
-#ifdef _OPENMP  // (without it the pragma would draw -Wunknown-pragmas)
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-#endif
-  for (index_t i = 0; i < n; ++i) body(i);
+  parallel_for(n, std::max<index_t>(1, kMinEvaluationsPerThread / evaluations_per_point), body);
 }
 
 std::string format_value(double v) {
@@ -127,42 +123,66 @@ constexpr double kPriceVariance = 1e-10;
 // returned, so optimisers see a consistent objective (Price's E[d2]/2 differs from them by the
 // quadrature error). For var < kPriceVariance, where the division would amplify rounding,
 // dV/dvar takes Price's form sum_k w_k d2(f_k) / 2, equal to it to O(var).
-template <LogDensity (*log_density)(double y, double f)>
-[[gnu::always_inline]] inline void gh_expectation(const double* x, const double* w, int n_gh, double y,
-                                                  double mu, double var, double* value, double* dmu,
-                                                  double* dvar) {
-  const double scale = std::sqrt(2.0 * var);
-  double e = 0.0, g = 0.0, gx = 0.0, h = 0.0;
-#pragma omp simd reduction(+ : e, g, gx, h)
-  for (int k = 0; k < n_gh; ++k) {
-    const LogDensity t = log_density(y, mu + scale * x[k]);
-    e += w[k] * t.value;
-    g += w[k] * t.d1;
-    gx += w[k] * x[k] * t.d1;
-    h += w[k] * t.d2;
-  }
-  *value = e;
-  *dmu = g;
-  *dvar = var >= kPriceVariance ? gx / scale : 0.5 * h;
-}
+//
+// With s = 2y - 1 the Bernoulli log densities are log Phi(s f) (probit) and log sigmoid(s f)
+// (logit). A block of points has all its nodes' log densities evaluated as one array, so that
+// the long per-value chains of operations overlap (vmath::log_normal_cdf's array form).
+constexpr index_t kPointsPerBlock = 16;
 
-// One point of the Bernoulli expectations, compiled once per SIMD level (vmath.hpp).
-PYGPFAST_SIMD_CLONES void bernoulli_expectation(bool probit, const double* x, const double* w, int n_gh,
-                                                double y, double mu, double var, double* value,
-                                                double* dmu, double* dvar) {
-  if (probit)
-    gh_expectation<probit_log_density>(x, w, n_gh, y, mu, var, value, dmu, dvar);
-  else
-    gh_expectation<logit_log_density>(x, w, n_gh, y, mu, var, value, dmu, dvar);
+PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const double* x, const double* w, int n_gh,
+                                          const double* y, const double* mu, const double* var,
+                                          index_t count, double* value, double* dmu, double* dvar) {
+  double z[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];
+  double v0[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // log p
+  double v1[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // d log p / d(s f)
+  double v2[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // d2 log p / d f2
+  const index_t n = count * n_gh;
+  for (index_t p = 0; p < count; ++p) {
+    const double s = y[p] > 0.5 ? 1.0 : -1.0, scale = std::sqrt(2.0 * var[p]);
+#pragma omp simd
+    for (int k = 0; k < n_gh; ++k) z[p * n_gh + k] = s * (mu[p] + scale * x[k]);
+  }
+  if (probit) {
+    vmath::log_normal_cdf(z, v0, v1, n);
+#pragma omp simd
+    for (index_t i = 0; i < n; ++i) v2[i] = -v1[i] * (v1[i] + z[i]);
+  } else {
+#pragma omp simd
+    for (index_t i = 0; i < n; ++i) {
+      const SigmoidPair sp = sigmoid_pair(z[i]);
+      v0[i] = sp.log_of_z;
+      v1[i] = sp.of_minus_z;
+      v2[i] = -sp.of_z * sp.of_minus_z;
+    }
+  }
+  for (index_t p = 0; p < count; ++p) {
+    const double* a0 = v0 + p * n_gh;
+    const double* a1 = v1 + p * n_gh;
+    const double* a2 = v2 + p * n_gh;
+    double e = 0.0, g = 0.0, gx = 0.0, h = 0.0;
+#pragma omp simd reduction(+ : e, g, gx, h)
+    for (int k = 0; k < n_gh; ++k) {
+      e += w[k] * a0[k];
+      g += w[k] * a1[k];
+      gx += w[k] * x[k] * a1[k];
+      h += w[k] * a2[k];
+    }
+    const double s = y[p] > 0.5 ? 1.0 : -1.0, scale = std::sqrt(2.0 * var[p]);
+    value[p] = e;
+    dmu[p] = s * g;
+    dvar[p] = var[p] >= kPriceVariance ? s * gx / scale : 0.5 * h;
+  }
 }
 
 void bernoulli_expectations(const Likelihood& lik, const double* y, const double* mu, const double* var,
                             index_t n, double* value, double* dmu, double* dvar) {
   const NormalQuadrature q(lik.n_gh);
   const bool probit = lik.type == LikelihoodType::BernoulliProbit;
-  for_each_point(n, q.size(), [&](index_t i) {
-    bernoulli_expectation(probit, q.x.data(), q.w.data(), q.size(), y[i], mu[i], var[i], value + i, dmu + i,
-                          dvar + i);
+  const index_t blocks = (n + kPointsPerBlock - 1) / kPointsPerBlock;
+  for_each_point(blocks, kPointsPerBlock * q.size(), [&](index_t b) {
+    const index_t first = b * kPointsPerBlock, count = std::min(kPointsPerBlock, n - first);
+    bernoulli_block(probit, q.x.data(), q.w.data(), q.size(), y + first, mu + first, var + first, count,
+                    value + first, dmu + first, dvar + first);
   });
 }
 
@@ -196,6 +216,8 @@ const char* name_of(LikelihoodType type) {
       return "Bernoulli-logit";
     case LikelihoodType::Poisson:
       return "Poisson";
+    case LikelihoodType::Softmax:
+      return "softmax";
   }
   return "unknown";
 }
@@ -218,19 +240,38 @@ void check_labels(const Likelihood& lik, const double* y, index_t n) {
         ok = y[i] >= 0.0 && std::isfinite(y[i]) && y[i] == std::floor(y[i]);
         support = "non-negative integers (counts)";
         break;
+      case LikelihoodType::Softmax:
+        ok = y[i] >= 0.0 && y[i] < lik.num_classes && y[i] == std::floor(y[i]);
+        support = "class indices 0, 1, ..., num_classes - 1";
+        break;
     }
     if (!ok)  // (the message is built only on failure: this loop runs over every point)
       throw std::invalid_argument(std::string("y[") + std::to_string(i) + "] = " +
                                   format_value(y[i]) + " is outside the support of the " +
-                                  name_of(lik.type) + " likelihood: labels must be " + support);
+                                  name_of(lik.type) + " likelihood" +
+                                  (lik.num_classes > 0 ? " with " + std::to_string(lik.num_classes) +
+                                                             " classes"
+                                                       : std::string()) +
+                                  ": labels must be " + support);
   }
 }
 
-void check_variances(const double* var, index_t n) {
-  for (index_t i = 0; i < n; ++i)
-    if (!(var[i] >= 0.0 && std::isfinite(var[i])))
-      throw std::invalid_argument("var[" + std::to_string(i) + "] = " + format_value(var[i]) +
+// The name of entry k of an [n, D] array: "x[i]" when D = 1, "x[i, c]" otherwise.
+std::string entry_name(const char* x, index_t k, index_t D) {
+  return std::string(x) + "[" + std::to_string(k / D) +
+         (D > 1 ? ", " + std::to_string(k % D) : std::string()) + "]";
+}
+
+// Means must be finite and variances finite and >= 0 (count entries of [n, D] arrays).
+void check_marginals(const double* mu, const double* var, index_t count, index_t D) {
+  for (index_t k = 0; k < count; ++k) {
+    if (!std::isfinite(mu[k]))
+      throw std::invalid_argument(entry_name("mu", k, D) + " = " + format_value(mu[k]) +
+                                  ": marginal means must be finite");
+    if (!(var[k] >= 0.0 && std::isfinite(var[k])))
+      throw std::invalid_argument(entry_name("var", k, D) + " = " + format_value(var[k]) +
                                   ": marginal variances must be finite and >= 0");
+  }
 }
 
 }  // namespace
@@ -238,17 +279,21 @@ void check_variances(const double* var, index_t n) {
 void validate(const Likelihood& lik) {
   const int code = static_cast<int>(lik.type);
   require(code >= static_cast<int>(LikelihoodType::Gaussian) &&
-              code <= static_cast<int>(LikelihoodType::Poisson),
+              code <= static_cast<int>(LikelihoodType::Softmax),
           "unknown likelihood type " + std::to_string(code) +
-              " (0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson)");
+              " (0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson, 4 softmax)");
   require(lik.type != LikelihoodType::Gaussian ||
               (lik.variance > 0.0 && std::isfinite(lik.variance)),
           "the Gaussian likelihood variance must be positive and finite, got " +
               format_value(lik.variance));
-  require(lik.num_classes == 0,
-          std::string("the ") + name_of(lik.type) +
-              " likelihood has one latent function: num_classes must be 0, got " +
-              std::to_string(lik.num_classes));
+  if (lik.type == LikelihoodType::Softmax)
+    require(lik.num_classes >= 2, "the softmax likelihood needs num_classes >= 2, got " +
+                                      std::to_string(lik.num_classes));
+  else
+    require(lik.num_classes == 0,
+            std::string("the ") + name_of(lik.type) +
+                " likelihood has one latent function: num_classes must be 0, got " +
+                std::to_string(lik.num_classes));
   require(lik.n_gh >= 1 && lik.n_gh <= quadrature::kMaxGaussHermitePoints,
           "n_gh (Gauss-Hermite points) must be between 1 and " +
               std::to_string(quadrature::kMaxGaussHermitePoints) + ", got " + std::to_string(lik.n_gh));
@@ -263,7 +308,7 @@ void variational_expectations(const Likelihood& lik, const double* y, const doub
                               double* dparam) {
   validate(lik);
   check_labels(lik, y, n);
-  check_variances(var, n);
+  check_marginals(mu, var, n * latent_dim(lik), latent_dim(lik));
   if (dparam != nullptr && lik.type != LikelihoodType::Gaussian) std::fill(dparam, dparam + n, 0.0);
 
   switch (lik.type) {
@@ -292,13 +337,16 @@ void variational_expectations(const Likelihood& lik, const double* y, const doub
     case LikelihoodType::BernoulliLogit:
       bernoulli_expectations(lik, y, mu, var, n, f, dmu, dvar);
       return;
+    case LikelihoodType::Softmax:
+      softmax::variational_expectations(lik.num_classes, lik.n_gh, y, mu, var, n, f, dmu, dvar);
+      return;
   }
 }
 
 void predict_mean_and_var(const Likelihood& lik, const double* mu, const double* var, index_t n,
                           double* mean, double* variance) {
   validate(lik);
-  check_variances(var, n);
+  check_marginals(mu, var, n * latent_dim(lik), latent_dim(lik));
   switch (lik.type) {
     case LikelihoodType::Gaussian:
       for_each_point(n, 1, [&](index_t i) {
@@ -338,6 +386,15 @@ void predict_mean_and_var(const Likelihood& lik, const double* mu, const double*
         variance[i] = m + std::expm1(var[i]) * m * m;
       });
       return;
+    case LikelihoodType::Softmax: {
+      const index_t count = n * lik.num_classes;
+      softmax::log_class_probabilities(lik.num_classes, lik.n_gh, mu, var, n, mean);
+      for (index_t k = 0; k < count; ++k) {
+        mean[k] = std::exp(mean[k]);
+        variance[k] = mean[k] * (1.0 - mean[k]);
+      }
+      return;
+    }
   }
 }
 
@@ -345,7 +402,7 @@ void predict_log_density(const Likelihood& lik, const double* y, const double* m
                          const double* var, index_t n, double* out) {
   validate(lik);
   check_labels(lik, y, n);
-  check_variances(var, n);
+  check_marginals(mu, var, n * latent_dim(lik), latent_dim(lik));
   switch (lik.type) {
     case LikelihoodType::Gaussian:
       for_each_point(n, 1, [&](index_t i) {
@@ -374,6 +431,13 @@ void predict_log_density(const Likelihood& lik, const double* y, const double* m
                                       [&](double fk) { return y[i] * fk - std::exp(fk); }) -
                  log_factorial(y[i]);
       });
+      return;
+    }
+    case LikelihoodType::Softmax: {
+      const index_t C = lik.num_classes;
+      std::vector<double> log_prob(static_cast<std::size_t>(n * C));
+      softmax::log_class_probabilities(lik.num_classes, lik.n_gh, mu, var, n, log_prob.data());
+      for (index_t i = 0; i < n; ++i) out[i] = log_prob[i * C + static_cast<index_t>(y[i])];
       return;
     }
   }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -25,11 +27,19 @@ using Buffer = std::vector<double>;
 // they skip std::vector's zero-fill pass.
 class Scratch {
  public:
-  explicit Scratch(index_t n) : p_(new double[static_cast<std::size_t>(std::max<index_t>(n, 1))]) {}
+  Scratch() = default;
+  explicit Scratch(index_t n) { resize(n); }
+  void resize(index_t n) {
+    if (n > size_) {
+      p_.reset(new double[static_cast<std::size_t>(n)]);
+      size_ = n;
+    }
+  }
   double* data() const { return p_.get(); }
 
  private:
   std::unique_ptr<double[]> p_;
+  index_t size_ = 0;
 };
 
 void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatrixView X) {
@@ -50,13 +60,15 @@ void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatr
                                     std::to_string(i) + "); S = L L^T must be positive definite");
 }
 
-// Lz with Lz Lz^T = K(Z, Z) + jitter I. Returns the extra jitter escalation needed.
+// Lz with Lz Lz^T = K(Z, Z) + jitter I, and K(Z, Z) itself in `Kzz` when not null. Returns the
+// extra jitter escalation needed.
 double inducing_cholesky(const kernels::Kernel& kernel, ConstMatrixView Z, double jitter,
-                         Buffer& Lz) {
+                         Buffer& Lz, Buffer* Kzz = nullptr) {
   const index_t M = Z.rows;
-  Lz.assign(static_cast<std::size_t>(M * M), 0.0);
+  Lz.resize(static_cast<std::size_t>(M * M));
   MatrixView L(Lz.data(), M, M);
   kernel.K(Z, Z, true, L);
+  if (Kzz != nullptr) *Kzz = Lz;
   for (index_t i = 0; i < M; ++i) L(i, i) += jitter;
   return linalg::cholesky_jitter(L).jitter;
 }
@@ -91,44 +103,41 @@ void column_sums_of_squares(ConstMatrixView A, double* out) {
   }
 }
 
-// The lower triangle (with the diagonal) of C = alpha X Y^T for X, Y [M, K], in row blocks
-// so that the GEMMs skip all but ~M nb / 2 of the M^2 / 2 entries above the diagonal; the
-// strict upper triangle is set to 0.
-void gemm_nt_lower(double alpha, ConstMatrixView X, ConstMatrixView Y, MatrixView C) {
+// out[n] += sum_m A[m, n] B[m, n].
+void add_column_dots(ConstMatrixView A, ConstMatrixView B, double* out) {
+  for (index_t m = 0; m < A.rows; ++m) {
+    const double* a = A.row(m);
+    const double* b = B.row(m);
+#pragma omp simd
+    for (index_t n = 0; n < A.cols; ++n) out[n] += a[n] * b[n];
+  }
+}
+
+// The lower triangle (with the diagonal) of C = alpha X Y^T + beta C for X, Y [M, K], in row
+// blocks so that the GEMMs skip all but ~M nb / 2 of the M^2 / 2 entries above the diagonal.
+// Entries above the diagonal are left as garbage: callers read the lower triangle.
+void gemm_nt_lower(double alpha, ConstMatrixView X, ConstMatrixView Y, double beta, MatrixView C) {
   const index_t M = X.rows;
   const index_t nb = std::max<index_t>(32, (M + 7) / 8);
   for (index_t i0 = 0; i0 < M; i0 += nb) {
     const index_t rows = std::min(nb, M - i0), cols = i0 + rows;
     blas::gemm(Trans::No, Trans::Yes, alpha, ConstMatrixView(X.row(i0), rows, X.cols, X.ld),
-               ConstMatrixView(Y.data, cols, Y.cols, Y.ld), 0.0, MatrixView(C.row(i0), rows, cols, C.ld));
+               ConstMatrixView(Y.data, cols, Y.cols, Y.ld), beta, MatrixView(C.row(i0), rows, cols, C.ld));
   }
-  for (index_t i = 0; i < M; ++i) std::fill(C.row(i) + i + 1, C.row(i) + M, 0.0);
 }
 
-// Reverse mode of the Cholesky factorisation (Murray 2016): given Lbar = dE/dL (lower),
-// returns in `out` the symmetric G with dE = sum_ij G_ij dA_ij:
-//   G = L^-T sym(Phi(L^T Lbar)) L^-1, Phi = lower triangle with the diagonal halved.
-void cholesky_reverse(ConstMatrixView L, MatrixView Lbar_in_G_out) {
-  const index_t M = L.rows;
-  MatrixView G = Lbar_in_G_out;
-  blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, L, G);  // L^T Lbar
-  for (index_t i = 0; i < M; ++i) {
-    G(i, i) *= 0.5;
-    for (index_t j = 0; j < i; ++j) {
-      const double v = 0.5 * G(i, j);
-      G(i, j) = v;
-      G(j, i) = v;
-    }
-  }
-  blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, L, G);
-  blas::trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, L, G);
-  // Symmetrise away rounding.
-  for (index_t i = 0; i < M; ++i)
-    for (index_t j = 0; j < i; ++j) {
-      const double v = 0.5 * (G(i, j) + G(j, i));
-      G(i, j) = v;
-      G(j, i) = v;
-    }
+void zero_strict_upper(MatrixView A) {
+  for (index_t i = 0; i < A.rows; ++i) std::fill(A.row(i) + i + 1, A.row(i) + A.cols, 0.0);
+}
+
+void mirror_lower(MatrixView A) {
+  for (index_t i = 0; i < A.rows; ++i)
+    for (index_t j = 0; j < i; ++j) A(j, i) = A(i, j);
+}
+
+void symmetrise(MatrixView A) {
+  for (index_t i = 0; i < A.rows; ++i)
+    for (index_t j = 0; j < i; ++j) A(i, j) = A(j, i) = 0.5 * (A(i, j) + A(j, i));
 }
 
 double fixed_order_sum(const double* x, index_t n) {
@@ -137,10 +146,423 @@ double fixed_order_sum(const double* x, index_t n) {
   return s;
 }
 
+void add_to(Buffer& into, const Buffer& from) {
+  if (from.empty()) return;
+  if (into.empty()) {
+    into = from;
+    return;
+  }
+  for (std::size_t i = 0; i < into.size(); ++i) into[i] += from[i];
+}
+
+// [n] entries of latent function l of a [n, L] array.
+void latent_column(const double* a, index_t n, index_t L, index_t l, double* out) {
+  for (index_t i = 0; i < n; ++i) out[i] = a[i * L + l];
+}
+
+// ---- What the column blocks of a minibatch share: O(M^3), prepared before them ------------------
+
+struct Shared {
+  index_t M = 0, L = 0;
+  Buffer Lz, Kzz, mw, Lw;
+  // Path::Precomputed: Y = Lz^-1, W_l = Y^T L_w,l, Sigma_l = W_l W_l^T - Y^T Y (full), beta = Y^T m_w.
+  bool precomputed = false;
+  Buffer Y, W, Sigma, beta;
+
+  ConstMatrixView LzV() const { return ConstMatrixView(Lz.data(), M, M); }
+  ConstMatrixView Lw_of(index_t l) const { return ConstMatrixView(Lw.data() + l * M * M, M, M); }
+  ConstMatrixView W_of(index_t l) const { return ConstMatrixView(W.data() + l * M * M, M, M); }
+  ConstMatrixView Sigma_of(index_t l) const { return ConstMatrixView(Sigma.data() + l * M * M, M, M); }
+
+  void prepare_precomputed() {
+    precomputed = true;
+    Y.assign(static_cast<std::size_t>(M * M), 0.0);
+    const MatrixView YV(Y.data(), M, M);
+    for (index_t i = 0; i < M; ++i)
+      for (index_t j = 0; j <= i; ++j) YV(i, j) = Lz[i * M + j];
+    if (blas::trtri_lower(YV) != 0)  // (Lz has a positive diagonal: cannot happen)
+      throw LinAlgError("trtri", 1, "the Cholesky factor of Kzz is singular");
+    Buffer Q(Y);
+    const MatrixView QV(Q.data(), M, M);
+    blas::lauum_lower(QV);  // Y^T Y (lower triangle)
+    W.resize(static_cast<std::size_t>(L * M * M));
+    Sigma.resize(static_cast<std::size_t>(L * M * M));
+    for (index_t l = 0; l < L; ++l) {
+      const MatrixView Wl(W.data() + l * M * M, M, M), Sl(Sigma.data() + l * M * M, M, M);
+      std::copy(Lw.data() + l * M * M, Lw.data() + (l + 1) * M * M, Wl.data);
+      blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, YV, Wl);
+      blas::syrk(Uplo::Lower, Trans::No, 1.0, Wl, 0.0, Sl);
+      for (index_t i = 0; i < M; ++i)
+        for (index_t j = 0; j <= i; ++j) Sl(i, j) -= QV(i, j);
+      mirror_lower(Sl);
+    }
+    beta = mw;
+    blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, YV, MatrixView(beta.data(), M, L));
+  }
+};
+
+// What the blocks add to the gradients, per thread (summed after the blocks in thread order).
+// All of the scaled expected log-likelihood alone, in whitened coordinates.
+struct Partials {
+  // Triangular-solve blocks: d/dm_w, d/dL_w (lower), d/dS_w, d/dLz (lower).
+  Buffer dmw, dLw, dSw, dLz;
+  // Precomputed blocks: d/dSigma_l and d/dbeta.
+  Buffer dSigma, dbeta;
+  bool any_solve = false;
+  // Kernel parameters, Z (through Kzx) and the likelihood variance.
+  Buffer dkernel, dZ;
+  double dlik = 0.0;
+
+  void add(const Partials& o) {
+    add_to(dmw, o.dmw);
+    add_to(dLw, o.dLw);
+    add_to(dSw, o.dSw);
+    add_to(dLz, o.dLz);
+    add_to(dSigma, o.dSigma);
+    add_to(dbeta, o.dbeta);
+    add_to(dkernel, o.dkernel);
+    add_to(dZ, o.dZ);
+    dlik += o.dlik;
+    any_solve = any_solve || o.any_solve;
+  }
+};
+
+struct Wants {
+  bool grads = false;  // any gradient
+  bool dLw = false;    // d/dL_w (q_sqrt's gradient, or unwhitened)
+  bool dSw = false;    // d/dS_w (natural gradients)
+};
+
+// Points per block whose precomputed variances are checked by triangular solves.
+constexpr index_t kCheckedPoints = 2;
+
+// Per-thread buffers of one column block, reused across the blocks a thread takes.
+struct BlockWork {
+  Scratch K, A, T, W;
+  Buffer kdiag, a2, t2, g, gsum;
+};
+
+// One column block [n0, n0 + nb) of the minibatch: the marginals, the expectations and (when
+// wanted) the block's share of every gradient. Precomputed blocks whose variances fail the
+// accuracy check are redone by triangular solves (svgp.hpp), so blocks may take either path.
+class BlockEvaluator {
+ public:
+  BlockEvaluator(const Shared& sh, const kernels::Kernel& kernel, const likelihoods::Likelihood& lik,
+                 const Variational& q, const Batch& batch, const Wants& wants, double* mu, double* var,
+                 double* f, double* gmu, double* gvar, double* gpar)
+      : sh_(sh), kernel_(kernel), lik_(lik), q_(q), batch_(batch), wants_(wants), mu_(mu), var_(var), f_(f),
+        gmu_(gmu), gvar_(gvar), gpar_(gpar) {}
+
+  void run(index_t n0, index_t nb, BlockWork& w, Partials& part) const {
+    const index_t M = sh_.M, L = sh_.L;
+    const ConstMatrixView Xb(batch_.X.row(n0), nb, batch_.X.cols, batch_.X.ld);
+    w.K.resize(M * nb);
+    const MatrixView K(w.K.data(), M, nb);
+    kernel_.K(q_.Z, Xb, false, K);
+    w.kdiag.resize(nb);
+    kernel_.Kdiag(Xb, w.kdiag.data());
+    double* mu = mu_ + n0 * L;
+    double* var = var_ + n0 * L;
+
+    bool precomputed = sh_.precomputed;
+    if (precomputed) {
+      w.T.resize(L * M * nb);  // C_l = Sigma_l K
+      precomputed_marginals(K, w, mu, var);
+      precomputed = variances_accurate(K, w.kdiag.data(), var, nb);
+    }
+    if (!precomputed) {
+      w.A.resize(M * nb);
+      w.T.resize(L * M * nb);
+      solve_marginals(K, w, mu, var);
+      part.any_solve = true;
+    }
+
+    likelihoods::variational_expectations(lik_, batch_.y + n0, mu, var, nb, f_ + n0, gmu_ + n0 * L,
+                                          gvar_ + n0 * L, gpar_ + n0);
+    if (!wants_.grads) return;
+    double* gmu = gmu_ + n0 * L;
+    double* gvar = gvar_ + n0 * L;
+    for (index_t i = 0; i < nb * L; ++i) {
+      gmu[i] *= batch_.scale;
+      gvar[i] *= batch_.scale;
+    }
+    part.dlik += batch_.scale * fixed_order_sum(gpar_ + n0, nb);
+    MatrixView dK = precomputed ? precomputed_reverse(K, w, gmu, gvar, part) : solve_reverse(nb, w, gmu, gvar, part);
+
+    const index_t D = q_.Z.cols;
+    if (part.dkernel.empty()) part.dkernel.assign(static_cast<std::size_t>(kernel_.num_params()), 0.0);
+    if (part.dZ.empty()) part.dZ.assign(static_cast<std::size_t>(M * D), 0.0);
+    MatrixView dZ(part.dZ.data(), M, D);
+    kernel_.K_vjp(q_.Z, Xb, false, dK, K, part.dkernel.data(), &dZ, nullptr);
+    w.gsum.assign(static_cast<std::size_t>(nb), 0.0);
+    for (index_t n = 0; n < nb; ++n)
+      for (index_t l = 0; l < L; ++l) w.gsum[n] += gvar[n * L + l];
+    kernel_.Kdiag_vjp(Xb, w.gsum.data(), part.dkernel.data());
+  }
+
+ private:
+  // ---- Path::Precomputed: C_l = Sigma_l K; mu = K^T beta; var_l = kdiag + colsum(K o C_l).
+  void precomputed_marginals(ConstMatrixView K, BlockWork& w, double* mu, double* var) const {
+    const index_t M = sh_.M, L = sh_.L, nb = K.cols;
+    if (L == 1)  // (a GEMM with one column runs far below GEMV's speed in OpenBLAS)
+      blas::gemv(Trans::Yes, 1.0, K, sh_.beta.data(), 0.0, mu);
+    else
+      blas::gemm(Trans::Yes, Trans::No, 1.0, K, ConstMatrixView(sh_.beta.data(), M, L), 0.0, MatrixView(mu, nb, L));
+    w.a2.resize(nb);
+    for (index_t l = 0; l < L; ++l) {
+      const MatrixView Cl(w.T.data() + l * M * nb, M, nb);
+      blas::symm(Side::Left, Uplo::Lower, 1.0, sh_.Sigma_of(l), K, 0.0, Cl);
+      std::copy(w.kdiag.begin(), w.kdiag.begin() + nb, w.a2.begin());
+      add_column_dots(K, Cl, w.a2.data());
+      for (index_t n = 0; n < nb; ++n) var[n * L + l] = std::max(w.a2[n], 0.0);
+    }
+  }
+
+  // The precomputed form loses about log10(cond(Kzz)) digits (svgp.hpp). Recompute the
+  // variances of the kCheckedPoints points with the largest |k_n|^2 / var_n by triangular
+  // solves; true when all agree with `var` to 1e-8 relative (1e-12 of kxx_n absolute).
+  bool variances_accurate(ConstMatrixView K, const double* kdiag, const double* var, index_t nb) const {
+    const index_t M = sh_.M, L = sh_.L;
+    Buffer k2(nb);
+    column_sums_of_squares(K, k2.data());
+    std::vector<index_t> order(static_cast<std::size_t>(nb));
+    std::iota(order.begin(), order.end(), index_t{0});
+    auto exposure = [&](index_t n) {
+      double v = var[n * L];
+      for (index_t l = 1; l < L; ++l) v = std::min(v, var[n * L + l]);
+      return k2[n] / std::max(v, 1e-300);
+    };
+    const index_t count = std::min(kCheckedPoints, nb);
+    std::partial_sort(order.begin(), order.begin() + count, order.end(),
+                      [&](index_t a, index_t b) { return exposure(a) > exposure(b); });
+    Buffer a(M), t(M);
+    for (index_t c = 0; c < count; ++c) {
+      const index_t n = order[c];
+      for (index_t m = 0; m < M; ++m) a[m] = K(m, n);
+      blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, sh_.LzV(), a.data());
+      double a2 = 0.0;
+      for (index_t m = 0; m < M; ++m) a2 += a[m] * a[m];
+      for (index_t l = 0; l < L; ++l) {
+        const ConstMatrixView Ll = sh_.Lw_of(l);  // t = L_w,l^T a
+        std::fill(t.begin(), t.end(), 0.0);
+        for (index_t i = 0; i < M; ++i)
+          for (index_t j = 0; j <= i; ++j) t[j] += Ll(i, j) * a[i];
+        double t2 = 0.0;
+        for (index_t m = 0; m < M; ++m) t2 += t[m] * t[m];
+        const double exact = std::max(kdiag[n] - a2 + t2, 0.0);
+        if (std::fabs(var[n * L + l] - exact) > 1e-8 * exact + 1e-12 * std::fabs(kdiag[n])) return false;
+      }
+    }
+    return true;
+  }
+
+  // d/dSigma_l += K diag(g_l) K^T; d/dbeta += K gmu; returns d/dK = sum_l 2 C_l diag(g_l) + beta gmu^T
+  // (in place of C_0).
+  MatrixView precomputed_reverse(ConstMatrixView K, BlockWork& w, const double* gmu, const double* gvar,
+                                 Partials& part) const {
+    const index_t M = sh_.M, L = sh_.L, nb = K.cols;
+    if (part.dSigma.empty()) part.dSigma.assign(static_cast<std::size_t>(L * M * M), 0.0);
+    if (part.dbeta.empty()) part.dbeta.assign(static_cast<std::size_t>(M * L), 0.0);
+    w.W.resize(M * nb);
+    w.g.resize(nb);
+    for (index_t l = 0; l < L; ++l) {
+      latent_column(gvar, nb, L, l, w.g.data());
+      linalg::weighted_gram(K, w.g.data(), w.W.data(), MatrixView(part.dSigma.data() + l * M * M, M, M), 1.0);
+    }
+    if (L == 1)
+      blas::gemv(Trans::No, 1.0, K, gmu, 1.0, part.dbeta.data());
+    else
+      blas::gemm(Trans::No, Trans::No, 1.0, K, ConstMatrixView(gmu, nb, L), 1.0, MatrixView(part.dbeta.data(), M, L));
+    const MatrixView dK(w.T.data(), M, nb);
+    for (index_t l = 0; l < L; ++l) {
+      latent_column(gvar, nb, L, l, w.g.data());
+      const MatrixView Cl(w.T.data() + l * M * nb, M, nb);
+      for (index_t m = 0; m < M; ++m) {
+        const double* c = Cl.row(m);
+        double* d = dK.row(m);
+        const double* g = w.g.data();
+        if (l == 0) {
+#pragma omp simd
+          for (index_t n = 0; n < nb; ++n) d[n] = 2.0 * c[n] * g[n];
+        } else {
+#pragma omp simd
+          for (index_t n = 0; n < nb; ++n) d[n] += 2.0 * c[n] * g[n];
+        }
+      }
+    }
+    if (L == 1)
+      blas::ger(1.0, sh_.beta.data(), gmu, dK);
+    else
+      blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(sh_.beta.data(), M, L), ConstMatrixView(gmu, nb, L), 1.0,
+                 dK);
+    return dK;
+  }
+
+  // ---- Path::Solve: A = Lz^-1 K, T_l = L_w,l^T A; mu = A^T m_w; var_l = kdiag - |A|^2 + |T_l|^2.
+  void solve_marginals(ConstMatrixView K, BlockWork& w, double* mu, double* var) const {
+    const index_t M = sh_.M, L = sh_.L, nb = K.cols;
+    const MatrixView A(w.A.data(), M, nb);
+    std::copy(K.data, K.data + M * nb, A.data);
+    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, sh_.LzV(), A);
+    if (L == 1)
+      blas::gemv(Trans::Yes, 1.0, A, sh_.mw.data(), 0.0, mu);
+    else
+      blas::gemm(Trans::Yes, Trans::No, 1.0, A, ConstMatrixView(sh_.mw.data(), M, L), 0.0, MatrixView(mu, nb, L));
+    w.a2.resize(nb);
+    w.t2.resize(nb);
+    column_sums_of_squares(A, w.a2.data());
+    for (index_t l = 0; l < L; ++l) {
+      const MatrixView Tl(w.T.data() + l * M * nb, M, nb);
+      std::copy(A.data, A.data + M * nb, Tl.data);
+      blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, sh_.Lw_of(l), Tl);
+      column_sums_of_squares(Tl, w.t2.data());
+      for (index_t n = 0; n < nb; ++n) var[n * L + l] = std::max(w.kdiag[n] - w.a2[n] + w.t2[n], 0.0);
+    }
+  }
+
+  // d/dm_w += A gmu; d/dS_w,l += A diag(g_l) A^T; d/dL_w,l += 2 tril(A diag(g_l) T_l^T);
+  // d/dA = sum_l 2 L_w,l T_l diag(g_l) - 2 A diag(sum_l g_l) + m_w gmu^T; returns
+  // d/dK = Lz^-T d/dA, and d/dLz += -tril(d/dK A^T).
+  MatrixView solve_reverse(index_t nb, BlockWork& w, const double* gmu, const double* gvar, Partials& part) const {
+    const index_t M = sh_.M, L = sh_.L;
+    const MatrixView A(w.A.data(), M, nb);
+    if (part.dmw.empty()) part.dmw.assign(static_cast<std::size_t>(M * L), 0.0);
+    if (part.dLz.empty()) part.dLz.assign(static_cast<std::size_t>(M * M), 0.0);
+    if (wants_.dLw && part.dLw.empty()) part.dLw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+    if (wants_.dSw && part.dSw.empty()) part.dSw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+    if (L == 1)
+      blas::gemv(Trans::No, 1.0, A, gmu, 1.0, part.dmw.data());
+    else
+      blas::gemm(Trans::No, Trans::No, 1.0, A, ConstMatrixView(gmu, nb, L), 1.0, MatrixView(part.dmw.data(), M, L));
+    w.g.resize(nb);
+    w.gsum.assign(static_cast<std::size_t>(nb), 0.0);
+    for (index_t l = 0; l < L; ++l) {
+      latent_column(gvar, nb, L, l, w.g.data());
+      for (index_t n = 0; n < nb; ++n) w.gsum[n] += w.g[n];
+      if (wants_.dSw) {
+        w.W.resize(M * nb);
+        linalg::weighted_gram(A, w.g.data(), w.W.data(), MatrixView(part.dSw.data() + l * M * M, M, M), 1.0);
+      }
+      const MatrixView Tl(w.T.data() + l * M * nb, M, nb);
+      for (index_t m = 0; m < M; ++m) {
+        double* t = Tl.row(m);
+        const double* g = w.g.data();
+#pragma omp simd
+        for (index_t n = 0; n < nb; ++n) t[n] *= g[n];
+      }
+      if (wants_.dLw) gemm_nt_lower(2.0, A, Tl, 1.0, MatrixView(part.dLw.data() + l * M * M, M, M));
+      blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 2.0, sh_.Lw_of(l), Tl);
+      if (l > 0) blas::axpy(M * nb, 1.0, Tl.data, w.T.data());
+    }
+    const MatrixView dA(w.T.data(), M, nb);
+    for (index_t m = 0; m < M; ++m) {
+      double* d = dA.row(m);
+      const double* a = A.row(m);
+      const double* gs = w.gsum.data();
+#pragma omp simd
+      for (index_t n = 0; n < nb; ++n) d[n] -= 2.0 * a[n] * gs[n];
+    }
+    if (L == 1)
+      blas::ger(1.0, sh_.mw.data(), gmu, dA);
+    else
+      blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(sh_.mw.data(), M, L), ConstMatrixView(gmu, nb, L), 1.0,
+                 dA);
+    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, sh_.LzV(), dA);
+    gemm_nt_lower(-1.0, dA, A, 1.0, MatrixView(part.dLz.data(), M, M));
+    return dA;
+  }
+
+  const Shared& sh_;
+  const kernels::Kernel& kernel_;
+  const likelihoods::Likelihood& lik_;
+  const Variational& q_;
+  const Batch& batch_;
+  const Wants& wants_;
+  double *mu_, *var_, *f_, *gmu_, *gvar_, *gpar_;
+};
+
+// The precomputed blocks' d/dSigma_l and d/dbeta taken through Sigma_l = W_l W_l^T - Y^T Y,
+// W_l = Y^T L_w,l, beta = Y^T m_w and Y = Lz^-1, added to the solve-style gradients:
+//   d/dW_l = 2 dSigma_l W_l,  d/dL_w,l = tril(Y d/dW_l),  d/dS_w,l = Y dSigma_l Y^T,
+//   d/dY = sum_l L_w,l dW_l^T - 2 Y sum_l dSigma_l + m_w dbeta^T,  d/dm_w = Y dbeta,
+//   d/dLz = -tril(Y^T dY Y^T).
+void precomputed_to_whitened(const Shared& sh, const Wants& wants, Partials& p) {
+  const index_t M = sh.M, L = sh.L;
+  const ConstMatrixView Y(sh.Y.data(), M, M);
+  if (p.dmw.empty()) p.dmw.assign(static_cast<std::size_t>(M * L), 0.0);
+  if (p.dLz.empty()) p.dLz.assign(static_cast<std::size_t>(M * M), 0.0);
+  if (wants.dLw && p.dLw.empty()) p.dLw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+  if (wants.dSw && p.dSw.empty()) p.dSw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+  const ConstMatrixView dbeta(p.dbeta.data(), M, L);
+  Buffer Ydbeta(p.dbeta);
+  blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, MatrixView(Ydbeta.data(), M, L));
+  for (index_t i = 0; i < M * L; ++i) p.dmw[i] += Ydbeta[i];
+
+  Buffer dY(static_cast<std::size_t>(M * M), 0.0), dSigma_sum(static_cast<std::size_t>(M * M), 0.0),
+      dW(static_cast<std::size_t>(M * M)), tmp(static_cast<std::size_t>(M * M));
+  const MatrixView dYV(dY.data(), M, M), dWV(dW.data(), M, M), tmpV(tmp.data(), M, M);
+  for (index_t l = 0; l < L; ++l) {
+    const ConstMatrixView dSl(p.dSigma.data() + l * M * M, M, M);
+    for (index_t i = 0; i < M * M; ++i) dSigma_sum[i] += dSl.data[i];
+    if (wants.dSw) {
+      std::copy(dSl.data, dSl.data + M * M, tmp.begin());
+      blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, tmpV);
+      blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, tmpV);
+      symmetrise(tmpV);
+      double* out = p.dSw.data() + l * M * M;
+      for (index_t i = 0; i < M * M; ++i) out[i] += tmp[i];
+    }
+    blas::symm(Side::Left, Uplo::Lower, 2.0, dSl, sh.W_of(l), 0.0, dWV);
+    if (wants.dLw) {
+      std::copy(dW.begin(), dW.end(), tmp.begin());
+      blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, tmpV);
+      const MatrixView out(p.dLw.data() + l * M * M, M, M);
+      for (index_t i = 0; i < M; ++i)
+        for (index_t j = 0; j <= i; ++j) out(i, j) += tmpV(i, j);
+    }
+    // dY += L_w,l dW_l^T = (dW_l L_w,l^T)^T
+    blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, sh.Lw_of(l), dWV);
+    for (index_t i = 0; i < M; ++i)
+      for (index_t j = 0; j < M; ++j) dYV(i, j) += dWV(j, i);
+  }
+  const MatrixView dSsum(dSigma_sum.data(), M, M);
+  blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, -2.0, Y, dSsum);
+  for (index_t i = 0; i < M * M; ++i) dY[i] += dSigma_sum[i];
+  blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(sh.mw.data(), M, L), dbeta, 1.0, dYV);
+  blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, -1.0, Y, dYV);
+  blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, dYV);
+  for (index_t i = 0; i < M; ++i)
+    for (index_t j = 0; j <= i; ++j) p.dLz[i * M + j] += dYV(i, j);
+}
+
+// Flop counts of the two paths (svgp.hpp), triangular BLAS-3 weighted at 1 / 0.7.
+double path_cost(Path path, index_t M, index_t B, index_t L) {
+  const double bm2 = static_cast<double>(B) * M * M, m3 = static_cast<double>(M) * M * M;
+  return path == Path::Solve ? (4.0 + 4.0 * L) * bm2 + 2.0 * m3 : 3.1 * L * bm2 + (5.0 + 7.3 * L) * m3;
+}
+
+Path cheaper_path(index_t M, index_t B, index_t L) {
+  return path_cost(Path::Precomputed, M, B, L) < path_cost(Path::Solve, M, B, L) ? Path::Precomputed
+                                                                                    : Path::Solve;
+}
+
+// Threads (threads.hpp). An evaluation below kSingleThreadWork flop-equivalents (~0.7 ms on
+// one core) runs on one thread: waking a second costs more than it saves, and on a shared
+// machine every barrier waits for a thread the scheduler may have paused. Above it, the
+// minibatch is cut into column blocks of at least kMinBlockColumns that the threads evaluate
+// independently with single-threaded BLAS, meeting once at the end: one barrier per evaluation
+// instead of one per BLAS call. The O(M^3) work before and after the blocks uses BLAS threads
+// from M = kThreadedM on, where each call is long enough to amortise its barrier.
+constexpr double kSingleThreadWork = 3e7;
+constexpr index_t kMinBlockColumns = 64;
+constexpr index_t kThreadedM = 512;
+// Bounds a block's [M, columns] buffers (about (3 + 2 L) of them) at ~8 MB each.
+constexpr index_t kMaxBlockEntries = index_t{1} << 20;
+
 }  // namespace
 
 Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, const Variational& q,
-            const Batch& batch, double jitter, Gradients* grads) {
+            const Batch& batch, double jitter, Gradients* grads, Path path) {
   check_shapes(kernel, q, batch.X);
   require(batch.X.rows >= 1, "svgp: empty minibatch");
   require(std::isfinite(batch.scale) && batch.scale > 0, "svgp: scale (N/B) must be positive");
@@ -150,186 +572,151 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   require(likelihoods::latent_dim(lik) == L,
           "svgp: the likelihood needs " + std::to_string(likelihoods::latent_dim(lik)) +
               " latent functions but q_mu has " + std::to_string(L) + " columns");
+  if (path == Path::Auto) path = cheaper_path(M, B, L);
+  const double work = path_cost(path, M, B, L) + 30.0 * M * B + 50.0 * B * L * lik.n_gh;
+  const bool one_thread = work < kSingleThreadWork;
+  // The O(M^3) parts: BLAS threads only for large M.
+  const SingleThreadScope serial_scope(one_thread || M < kThreadedM);
+
+  Wants wants;
+  wants.grads = grads != nullptr;
+  // d/dL_w is needed for q_sqrt's gradient and, unwhitened, for Lz's (through L_w = Lz^-1 L).
+  wants.dLw = wants.grads && (grads->q_sqrt != nullptr || !q.whiten);
+  wants.dSw = wants.grads && grads->ell_q_cov != nullptr;
+
   Result res;
+  Shared sh;
+  sh.M = M;
+  sh.L = L;
+  res.jitter = inducing_cholesky(kernel, q.Z, jitter, sh.Lz, wants.grads ? &sh.Kzz : nullptr);
+  const ConstMatrixView LzV = sh.LzV();
+  whitened_parameters(q, LzV, sh.mw, sh.Lw);
+  if (path == Path::Precomputed) sh.prepare_precomputed();
 
-  Buffer Lz;
-  res.jitter = inducing_cholesky(kernel, q.Z, jitter, Lz);
-  ConstMatrixView LzV(Lz.data(), M, M);
-
-  // A = Lz^-1 K(Z, X)  [M, B];  kdiag = diag K(X, X)  [B]
-  Scratch A(M * B);
-  MatrixView AV(A.data(), M, B);
-  Buffer kdiag(B);
-  kernel.K(q.Z, batch.X, false, AV);
-  kernel.Kdiag(batch.X, kdiag.data());
-  blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, AV);
-
-  Buffer mw, Lw;
-  whitened_parameters(q, LzV, mw, Lw);
-  ConstMatrixView mwV(mw.data(), M, L);
-  auto Lw_of = [&](index_t l) { return MatrixView(Lw.data() + l * M * M, M, M); };
-
-  // Marginals: mu = A^T m_w [B, L];  var[:, l] = kdiag - |A_n|^2 + |T_l[:, n]|^2, T_l = L_l^T A.
-  Buffer mu(static_cast<std::size_t>(B * L)), var(static_cast<std::size_t>(B * L));
-  if (L == 1)  // (a GEMM with one column runs far below GEMV's speed in OpenBLAS)
-    blas::gemv(Trans::Yes, 1.0, AV, mw.data(), 0.0, mu.data());
-  else
-    blas::gemm(Trans::Yes, Trans::No, 1.0, AV, mwV, 0.0, MatrixView(mu.data(), B, L));
-  Buffer a2(B), t2(B);
-  column_sums_of_squares(AV, a2.data());
-  Scratch T(L * M * B);
-  auto T_of = [&](index_t l) { return MatrixView(T.data() + l * M * B, M, B); };
-  for (index_t l = 0; l < L; ++l) {
-    const MatrixView Tl = T_of(l);
-    std::copy(A.data(), A.data() + M * B, Tl.data);
-    blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Lw_of(l), Tl);
-    column_sums_of_squares(Tl, t2.data());
-    for (index_t n = 0; n < B; ++n) var[n * L + l] = std::max(kdiag[n] - a2[n] + t2[n], 0.0);
+  // Column blocks and the threads that take them (static, round-robin).
+  const int threads = one_thread ? 1 : threads_for(B, kMinBlockColumns);
+  const index_t by_threads = (B + threads - 1) / threads;
+  const index_t nb = std::max<index_t>(1, std::min(by_threads, kMaxBlockEntries / std::max<index_t>(M * L, 1)));
+  const index_t blocks = (B + nb - 1) / nb;
+  Buffer mu(static_cast<std::size_t>(B * L)), var(static_cast<std::size_t>(B * L)), f(B),
+      gmu(static_cast<std::size_t>(B * L)), gvar(static_cast<std::size_t>(B * L)), gpar(B);
+  const BlockEvaluator evaluator(sh, kernel, lik, q, batch, wants, mu.data(), var.data(), f.data(), gmu.data(),
+                                 gvar.data(), gpar.data());
+  std::vector<Partials> partials(static_cast<std::size_t>(threads));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+  auto run_blocks = [&](int t) {
+    try {
+      const SingleThreadScope block_scope(threads > 1);
+      BlockWork work_buffers;
+      for (index_t b = t; b < blocks; b += threads)
+        evaluator.run(b * nb, std::min(nb, B - b * nb), work_buffers, partials[t]);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  if (threads == 1) {
+    run_blocks(0);
+  } else {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads(threads)
+#endif
+    for (int t = 0; t < threads; ++t) run_blocks(t);
   }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  Partials& p = partials[0];
+  for (int t = 1; t < threads; ++t) p.add(partials[t]);
+  res.path = sh.precomputed && !p.any_solve ? Path::Precomputed : Path::Solve;
 
-  Buffer f(B), gmu(static_cast<std::size_t>(B * L)), gvar(static_cast<std::size_t>(B * L)), gpar(B);
-  likelihoods::variational_expectations(lik, batch.y, mu.data(), var.data(), B, f.data(), gmu.data(),
-                                        gvar.data(), gpar.data());
   res.expected_log_lik = batch.scale * fixed_order_sum(f.data(), B);
-
   double kl = 0.0;
   for (index_t l = 0; l < L; ++l) {
-    const MatrixView Ll = Lw_of(l);
+    const ConstMatrixView Ll = sh.Lw_of(l);
     double trace = 0.0, logdet = 0.0, mm = 0.0;
     for (index_t i = 0; i < M; ++i) {
       for (index_t j = 0; j <= i; ++j) trace += Ll(i, j) * Ll(i, j);
       logdet += 2.0 * std::log(std::fabs(Ll(i, i)));
-      mm += mw[i * L + l] * mw[i * L + l];
+      mm += sh.mw[i * L + l] * sh.mw[i * L + l];
     }
     kl += 0.5 * (trace + mm - static_cast<double>(M) - logdet);
   }
   res.kl = kl;
   res.elbo = res.expected_log_lik - res.kl;
-  if (grads == nullptr) return res;
+  if (!wants.grads) return res;
 
-  for (std::size_t i = 0; i < gmu.size(); ++i) {
-    gmu[i] *= batch.scale;
-    gvar[i] *= batch.scale;
-  }
-  ConstMatrixView gmuV(gmu.data(), B, L);
+  if (!p.dSigma.empty()) precomputed_to_whitened(sh, wants, p);
+  MatrixView dLzV(p.dLz.data(), M, M);
 
-  // d/dm_w = A gmu - m_w   [M, L]
-  Buffer dmw(static_cast<std::size_t>(M * L));
-  MatrixView dmwV(dmw.data(), M, L);
-  if (L == 1)
-    blas::gemv(Trans::No, 1.0, AV, gmu.data(), 0.0, dmw.data());
-  else
-    blas::gemm(Trans::No, Trans::No, 1.0, AV, gmuV, 0.0, dmwV);
-
-  // Natural-gradient outputs: d ELL / d m_w = A gmu and d ELL / d S_w = A diag(gvar) A^T per
-  // latent function; in u-space (u = Lz v) they are Lz^-T (.) and Lz^-T (.) Lz^-1.
+  // Natural-gradient outputs: d ELL / d m_w and d ELL / d S_w per latent function; in u-space
+  // (u = Lz v) they are Lz^-T (.) and Lz^-T (.) Lz^-1.
   if (grads->ell_q_mu != nullptr) {
-    MatrixView out(grads->ell_q_mu, M, L);
-    for (index_t i = 0; i < M; ++i)
-      for (index_t l = 0; l < L; ++l) out(i, l) = dmwV(i, l);
+    const MatrixView out(grads->ell_q_mu, M, L);
+    std::copy(p.dmw.begin(), p.dmw.end(), out.data);
     if (!q.whiten) blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, out);
   }
   if (grads->ell_q_cov != nullptr) {
-    Scratch W(M * B);
-    Buffer gl(B);
     for (index_t l = 0; l < L; ++l) {
-      for (index_t n = 0; n < B; ++n) gl[n] = gvar[n * L + l];
-      MatrixView G(grads->ell_q_cov + l * M * M, M, M);
-      linalg::weighted_gram(AV, gl.data(), W.data(), G);
+      const MatrixView G(grads->ell_q_cov + l * M * M, M, M);
+      std::copy(p.dSw.data() + l * M * M, p.dSw.data() + (l + 1) * M * M, G.data);
       if (!q.whiten) {
         blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, G);
         blas::trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, G);
-        for (index_t i = 0; i < M; ++i)  // symmetric up to rounding: make it exactly so
-          for (index_t j = 0; j < i; ++j) G(j, i) = G(i, j) = 0.5 * (G(i, j) + G(j, i));
+        symmetrise(G);
       }
     }
   }
-  for (std::size_t i = 0; i < dmw.size(); ++i) dmw[i] -= mw[i];
 
-  // Per latent function, with Tg_l = T_l diag(gvar_l) (in place):
-  //   d/dL_l = tril(2 A Tg_l^T - L_l + diag(1 / L_l,ii)),
-  // then T_l <- 2 L_l Tg_l, and d/dA = sum_l T_l - 2 A diag(sum_l gvar_l) + m_w gmu^T, kept in T_0.
-  Buffer dLw(static_cast<std::size_t>(L * M * M)), gsum(B, 0.0), gl(B);
-  for (index_t l = 0; l < L; ++l) {
-    const MatrixView Tl = T_of(l), Ll = Lw_of(l), dLl(dLw.data() + l * M * M, M, M);
-    for (index_t n = 0; n < B; ++n) {
-      gl[n] = gvar[n * L + l];
-      gsum[n] += gl[n];
+  // The KL's gradients: d/dm_w = -m_w, d/dL_w = -L_w + diag(1 / L_w,ii) (lower).
+  Buffer& dmw = p.dmw;
+  for (std::size_t i = 0; i < dmw.size(); ++i) dmw[i] -= sh.mw[i];
+  const MatrixView dmwV(dmw.data(), M, L);
+  if (wants.dLw)
+    for (index_t l = 0; l < L; ++l) {
+      const ConstMatrixView Ll = sh.Lw_of(l);
+      const MatrixView dLl(p.dLw.data() + l * M * M, M, M);
+      zero_strict_upper(dLl);
+      for (index_t i = 0; i < M; ++i) {
+        for (index_t j = 0; j < i; ++j) dLl(i, j) -= Ll(i, j);
+        dLl(i, i) += 1.0 / Ll(i, i) - Ll(i, i);
+      }
     }
-    for (index_t m = 0; m < M; ++m) {
-      double* t = Tl.row(m);
-#pragma omp simd
-      for (index_t n = 0; n < B; ++n) t[n] *= gl[n];
-    }
-    gemm_nt_lower(2.0, AV, Tl, dLl);
-    for (index_t i = 0; i < M; ++i) {
-      for (index_t j = 0; j < i; ++j) dLl(i, j) -= Ll(i, j);
-      dLl(i, i) += 1.0 / Ll(i, i) - Ll(i, i);
-    }
-    blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 2.0, Ll, Tl);
-    if (l > 0) blas::axpy(M * B, 1.0, Tl.data, T.data());
-  }
-  const MatrixView dA = T_of(0);
-  for (index_t m = 0; m < M; ++m) {
-    double* d = dA.row(m);
-    const double* a = AV.row(m);
-#pragma omp simd
-    for (index_t n = 0; n < B; ++n) d[n] -= 2.0 * a[n] * gsum[n];
-  }
-  if (L == 1)
-    blas::ger(1.0, mw.data(), gmu.data(), dA);
-  else
-    blas::gemm(Trans::No, Trans::Yes, 1.0, mwV, gmuV, 1.0, dA);
-
-  // d/dKzx = Lz^-T d/dA (in place), and d/dLz from A = Lz^-1 Kzx: -tril(dKzx A^T).
-  blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, dA);
-  const MatrixView& dKzx = dA;
-  Buffer dLz(static_cast<std::size_t>(M * M));
-  MatrixView dLzV(dLz.data(), M, M);
-  gemm_nt_lower(-1.0, dKzx, AV, dLzV);
 
   if (q.whiten) {
     if (grads->q_mu.data != nullptr)
       for (index_t i = 0; i < M; ++i)
         for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
-    if (grads->q_sqrt != nullptr) std::copy(dLw.begin(), dLw.end(), grads->q_sqrt);
+    if (grads->q_sqrt != nullptr) std::copy(p.dLw.begin(), p.dLw.end(), grads->q_sqrt);
   } else {
     // m_w = Lz^-1 m:  dm = Lz^-T dm_w,  dLz -= dm m_w^T
     blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, dmwV);
     if (grads->q_mu.data != nullptr)
       for (index_t i = 0; i < M; ++i)
         for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
-    blas::gemm(Trans::No, Trans::Yes, -1.0, dmwV, mwV, 1.0, dLzV);
+    blas::gemm(Trans::No, Trans::Yes, -1.0, dmwV, ConstMatrixView(sh.mw.data(), M, L), 1.0, dLzV);
     // L_w = Lz^-1 L:  W = Lz^-T tril(dL_w),  dL = tril(W),  dLz -= W L_w^T
     for (index_t l = 0; l < L; ++l) {
-      const MatrixView W(dLw.data() + l * M * M, M, M);
+      const MatrixView W(p.dLw.data() + l * M * M, M, M);
       blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, W);
-      blas::gemm(Trans::No, Trans::Yes, -1.0, W, Lw_of(l), 1.0, dLzV);
+      blas::gemm(Trans::No, Trans::Yes, -1.0, W, sh.Lw_of(l), 1.0, dLzV);
       if (grads->q_sqrt == nullptr) continue;
       double* out = grads->q_sqrt + l * M * M;
       for (index_t i = 0; i < M; ++i)
         for (index_t j = 0; j < M; ++j) out[i * M + j] = j <= i ? W(i, j) : 0.0;
     }
   }
-  for (index_t i = 0; i < M; ++i)
-    for (index_t j = i + 1; j < M; ++j) dLzV(i, j) = 0.0;
-  cholesky_reverse(LzV, dLzV);  // dLz now holds d/dKzz (symmetric)
+  zero_strict_upper(dLzV);
+  linalg::cholesky_reverse(LzV, dLzV, sh.precomputed ? sh.Y.data() : nullptr);  // now d/dKzz
 
-  // Kernel: through Kzx, Kzz and diag K(X) (which enters every latent function's variance).
-  const index_t P = kernel.num_params();
-  std::fill(grads->kernel, grads->kernel + P, 0.0);
+  // Kernel: through Kzx (the blocks' shares), Kzz and diag K(X).
+  std::copy(p.dkernel.begin(), p.dkernel.end(), grads->kernel);
   for (index_t i = 0; i < M; ++i)
-    for (index_t d = 0; d < D; ++d) grads->Z(i, d) = 0.0;
+    for (index_t d = 0; d < D; ++d) grads->Z(i, d) = p.dZ[i * D + d];
   Buffer dZ2(static_cast<std::size_t>(M * D), 0.0);
   MatrixView dZ2V(dZ2.data(), M, D);
-  kernel.K_vjp(q.Z, batch.X, false, dKzx, grads->kernel, &grads->Z, nullptr);
-  kernel.K_vjp(q.Z, q.Z, true, dLzV, grads->kernel, &dZ2V, &dZ2V);
+  kernel.K_vjp(q.Z, q.Z, true, dLzV, ConstMatrixView(sh.Kzz.data(), M, M), grads->kernel, &dZ2V, &dZ2V);
   for (index_t i = 0; i < M; ++i)
     for (index_t d = 0; d < D; ++d) grads->Z(i, d) += dZ2[i * D + d];
-  kernel.Kdiag_vjp(batch.X, gsum.data(), grads->kernel);
-
-  if (grads->likelihood_variance != nullptr)
-    *grads->likelihood_variance = batch.scale * fixed_order_sum(gpar.data(), B);
+  if (grads->likelihood_variance != nullptr) *grads->likelihood_variance = p.dlik;
   return res;
 }
 

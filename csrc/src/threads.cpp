@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include "pygpfast/blas.hpp"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -23,6 +25,9 @@ std::atomic<int>& thread_setting() {
   return n;
 }
 
+// Depth of SingleThreadScope objects alive on this thread.
+thread_local int single_thread_depth = 0;
+
 }  // namespace
 
 int get_num_threads() { return thread_setting().load(std::memory_order_relaxed); }
@@ -37,10 +42,24 @@ void set_num_threads(int n) {
 }
 
 int threads_for(index_t items, index_t min_per_thread) {
+  if (single_thread_depth > 0) return 1;
   const int n = get_num_threads();
   if (n <= 1 || min_per_thread <= 0) return std::max(1, n);
   const index_t useful = items / min_per_thread;
   return static_cast<int>(std::max<index_t>(1, std::min<index_t>(n, useful)));
+}
+
+SingleThreadScope::SingleThreadScope(bool active) : active_(active) {
+  if (!active_) return;
+  ++single_thread_depth;
+  if (blas::has_table() && blas::table().set_num_threads_local != nullptr)
+    previous_blas_ = blas::table().set_num_threads_local(1);
+}
+
+SingleThreadScope::~SingleThreadScope() {
+  if (!active_) return;
+  --single_thread_depth;
+  if (previous_blas_ > 0) blas::table().set_num_threads_local(previous_blas_);
 }
 
 bool openmp_enabled() {

@@ -138,4 +138,43 @@ PYGPFAST_TEST(weighted_gram_handles_both_signs) {
   }
 }
 
+PYGPFAST_TEST(cholesky_reverse_matches_the_unblocked_formula) {
+  for (const index_t n : {1, 7, 64, 150, 520}) {  // (520: the dsygst branch)
+    auto A = random_spd(n, 11);
+    linalg::cholesky_jitter(MatrixView(A.data(), n, n));  // L (lower)
+    std::vector<double> Lbar(n * n, 0.0), Y(n * n, 0.0);
+    for (index_t i = 0; i < n; ++i)
+      for (index_t j = 0; j <= i; ++j) Lbar[i * n + j] = std::cos(0.3 * i + 1.1 * j);
+    // Y = L^-1 by forward substitution, column by column.
+    for (index_t c = 0; c < n; ++c)
+      for (index_t i = c; i < n; ++i) {
+        double s = i == c ? 1.0 : 0.0;
+        for (index_t k = c; k < i; ++k) s -= A[i * n + k] * Y[k * n + c];
+        Y[i * n + c] = s / A[i * n + i];
+      }
+    // Reference: P = sym(Phi(L^T Lbar)), G = Y^T P Y.
+    std::vector<double> X(n * n, 0.0), P(n * n), Gref(n * n, 0.0), T(n * n, 0.0);
+    for (index_t i = 0; i < n; ++i)
+      for (index_t j = 0; j < n; ++j)
+        for (index_t k = 0; k < n; ++k) X[i * n + j] += A[k * n + i] * Lbar[k * n + j];
+    for (index_t i = 0; i < n; ++i)
+      for (index_t j = 0; j < n; ++j)
+        P[i * n + j] = i == j ? 0.5 * X[i * n + i] : 0.5 * (i > j ? X[i * n + j] : X[j * n + i]);
+    for (index_t i = 0; i < n; ++i)
+      for (index_t j = 0; j < n; ++j)
+        for (index_t k = 0; k < n; ++k) T[i * n + j] += P[i * n + k] * Y[k * n + j];
+    for (index_t i = 0; i < n; ++i)
+      for (index_t j = 0; j < n; ++j)
+        for (index_t k = 0; k < n; ++k) Gref[i * n + j] += Y[k * n + i] * T[k * n + j];
+    double scale = 0.0;
+    for (double v : Gref) scale = std::max(scale, std::fabs(v));
+    for (const bool given : {false, true}) {
+      auto G = Lbar;
+      linalg::cholesky_reverse(ConstMatrixView(A.data(), n, n), MatrixView(G.data(), n, n),
+                               given ? Y.data() : nullptr);
+      for (index_t i = 0; i < n * n; ++i) CHECK_NEAR(G[i], Gref[i], 1e-12 * scale);
+    }
+  }
+}
+
 PYGPFAST_TEST_MAIN

@@ -21,6 +21,8 @@ namespace pygpfast::blas {
 using dgemm_t = void (*)(char*, char*, int*, int*, int*, double*, double*, int*, double*, int*,
                          double*, double*, int*);
 using dsyrk_t = void (*)(char*, char*, int*, int*, double*, double*, int*, double*, double*, int*);
+using dsymm_t = void (*)(char*, char*, int*, int*, double*, double*, int*, double*, int*, double*,
+                         double*, int*);
 using dtrsm_t = void (*)(char*, char*, char*, char*, int*, int*, double*, double*, int*, double*,
                          int*);
 using dtrmm_t = dtrsm_t;
@@ -38,10 +40,15 @@ using dpotrf_t = void (*)(char*, int*, double*, int*, int*);
 using dpotri_t = dpotrf_t;
 using dtrtri_t = void (*)(char*, char*, int*, double*, int*, int*);
 using dpotrs_t = void (*)(char*, int*, int*, double*, int*, double*, int*, int*);
+using dsygst_t = void (*)(int*, char*, int*, double*, int*, double*, int*, int*);
+using dlauum_t = void (*)(char*, int*, double*, int*, int*);
+// OpenBLAS (>= 0.3.27): the calling thread's BLAS thread count; returns the previous one.
+using set_num_threads_local_t = int (*)(int);
 
 struct Table {
   dgemm_t dgemm = nullptr;
   dsyrk_t dsyrk = nullptr;
+  dsymm_t dsymm = nullptr;
   dtrsm_t dtrsm = nullptr;
   dtrmm_t dtrmm = nullptr;
   dgemv_t dgemv = nullptr;
@@ -56,12 +63,17 @@ struct Table {
   dpotri_t dpotri = nullptr;
   dtrtri_t dtrtri = nullptr;
   dpotrs_t dpotrs = nullptr;
+  dsygst_t dsygst = nullptr;
+  dlauum_t dlauum = nullptr;
+  // Optional (null when the BLAS has no per-thread setting): see threads.hpp.
+  set_num_threads_local_t set_num_threads_local = nullptr;
 };
 
 // Names of the routines in Table, in declaration order (for filling and diagnostics).
 const std::vector<std::string>& routine_names();
 
-// Install a table. Throws std::runtime_error naming every missing routine.
+// Install a table. Throws std::runtime_error naming every missing routine (all but the
+// optional set_num_threads_local).
 void set_table(const Table& table);
 const Table& table();  // throws std::runtime_error if no table was installed
 bool has_table();
@@ -78,6 +90,10 @@ void gemm(Trans ta, Trans tb, double alpha, ConstMatrixView A, ConstMatrixView B
 // C = alpha * op(A) op(A)^T + beta * C, only the `uplo` triangle of C is referenced/written.
 // Trans::No: A is n x k, C = A A^T. Trans::Yes: A is k x n, C = A^T A.
 void syrk(Uplo uplo, Trans t, double alpha, ConstMatrixView A, double beta, MatrixView C);
+// C = alpha * A B + beta * C (Side::Left) or alpha * B A + beta * C (Side::Right), A symmetric
+// with only its `uplo` triangle referenced.
+void symm(Side side, Uplo uplo, double alpha, ConstMatrixView A, ConstMatrixView B, double beta,
+          MatrixView C);
 // B = alpha * op(A)^{-1} B (Side::Left) or alpha * B op(A)^{-1} (Side::Right); A triangular.
 void trsm(Side side, Uplo uplo, Trans t, Diag d, double alpha, ConstMatrixView A, MatrixView B);
 // B = alpha * op(A) B (Side::Left) or alpha * B op(A) (Side::Right); A triangular.
@@ -103,5 +119,10 @@ int potrf_lower(MatrixView A);
 int trtri_lower(MatrixView L, Diag d = Diag::NonUnit);
 // In-place A^{-1} from its lower Cholesky factor (lower triangle written).
 int potri_lower(MatrixView L);
+// In place, the lower triangle of L^T L for a lower-triangular L (dlauum, M^3 / 3 flops).
+int lauum_lower(MatrixView L);
+// In place, the lower triangle of L^T A L for a symmetric A (lower triangle referenced) and a
+// lower-triangular L (dsygst with itype 3, M^3 flops).
+int congruence_lower(MatrixView A, ConstMatrixView L);
 
 }  // namespace pygpfast::blas

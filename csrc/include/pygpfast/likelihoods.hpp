@@ -1,6 +1,8 @@
-// One-dimensional likelihoods p(y | f) and their Gaussian expectations, the per-point
-// building block of variational ELBOs (seed 000, eqs. 21-22):
-//   E_{N(f | mu, var)}[log p(y | f)]  and its derivatives with respect to mu and var.
+// Likelihoods p(y | f) and their Gaussian expectations, the per-point building block of
+// variational ELBOs (seed 000, eqs. 21-22):
+//   E_{N(f | mu, var)}[log p(y | f)]  and its derivatives with respect to mu and var,
+// for one latent function per point (Gaussian, Bernoulli, Poisson) or C of them (softmax, with
+// independent marginals f_c ~ N(mu_c, var_c); see softmax.hpp for its method).
 // Loops over points use OpenMP (per-point outputs, so results do not depend on the
 // thread count).
 #pragma once
@@ -14,12 +16,14 @@ enum class LikelihoodType : int {
   BernoulliProbit = 1,  // y in {0, 1}, p(y=1|f) = Phi(f); Gauss-Hermite
   BernoulliLogit = 2,   // y in {0, 1}, p(y=1|f) = sigmoid(f); Gauss-Hermite
   Poisson = 3,          // y in {0, 1, 2, ...}, rate exp(f); closed form
+  Softmax = 4,          // y in {0, ..., C - 1}, p(y=c|f) = softmax_c(f), C = num_classes >= 2
 };
 
 struct Likelihood {
   LikelihoodType type = LikelihoodType::Gaussian;
   double variance = 1.0;  // Gaussian noise variance (ignored by the others)
-  int n_gh = 20;          // Gauss-Hermite points for the non-closed-form expectations
+  int n_gh = 20;          // Gauss-Hermite points for the non-closed-form expectations (for the
+                          // softmax: per class, inside softmax.hpp's one-dimensional integral)
   int num_classes = 0;    // number of classes C of multi-class likelihoods (0 for the others)
 };
 
@@ -33,16 +37,19 @@ void validate(const Likelihood& lik);
 // For i < n: f[i] = E[log p(y_i|f)], dmu[i] = d f[i]/d mu_i, dvar[i] = d f[i]/d var_i under
 // f ~ N(mu_i, var_i), var_i >= 0. When dparam is not null, dparam[i] = d f[i]/d variance for
 // the Gaussian likelihood (0 for the others). Throws std::invalid_argument on labels outside
-// the likelihood's support or negative variances.
+// the likelihood's support, non-finite means or negative variances.
+// With D = latent_dim(lik), mu, var, dmu and dvar are [n, D] row-major (f, dparam and y: [n]).
 void variational_expectations(const Likelihood& lik, const double* y, const double* mu,
                               const double* var, index_t n, double* f, double* dmu, double* dvar,
                               double* dparam);
 
-// Predictive mean and variance of y at f ~ N(mu, var).
+// Predictive mean and variance of y at f ~ N(mu, var) ([n] each). For the softmax (mu, var
+// [n, C]): mean[i, c] = P(y_i = c) = E[softmax_c(f)] and variance[i, c] = mean (1 - mean), the
+// variance of the one-hot indicator of class c ([n, C] each; rows of mean sum to 1).
 void predict_mean_and_var(const Likelihood& lik, const double* mu, const double* var, index_t n,
                           double* mean, double* variance);
 
-// out[i] = log \int p(y_i|f) N(f | mu_i, var_i) df (log predictive density).
+// out[i] = log \int p(y_i|f) N(f | mu_i, var_i) df (log predictive density; mu, var [n, D]).
 void predict_log_density(const Likelihood& lik, const double* y, const double* mu,
                          const double* var, index_t n, double* out);
 

@@ -8,12 +8,32 @@
 // against N(0, Kzz). The unwhitened case is evaluated as the whitened one at (Lz^-1 m_l,
 // Lz^-1 L_l), since the KL is invariant under that change of variables, so both share one path.
 //
-// Cost per evaluation with gradients, for L = 1: about 6.25 B M^2 flops in BLAS level 3:
-//   A = Lz^-1 Kzx (TRSM, B M^2), T = L^T A (TRMM, B M^2), dA = L T diag(g) (TRMM, B M^2),
-//   dKzx = Lz^-T dA (TRSM, B M^2), and the lower triangles of dL = 2 A diag(g) T^T and
-//   dLz = -dKzx A^T (blocked GEMMs that skip most of the upper triangle, 2 x ~0.56 x 2 B M^2);
-// each further latent function adds 3 B M^2 (its T, dA term and dL). Plus O(M^3) for the
-// Cholesky and its reverse mode, O(B M D) for the kernel, and the per-point expectations.
+// The marginals q(f_n) = N(mu_n, var_n) have, in whitened coordinates (m_w, S_w = L_w L_w^T),
+//   mu_n = k_n^T beta,  var_n = kxx_n - |a_n|^2 + |L_w^T a_n|^2 = kxx_n + k_n^T Sigma k_n
+// with k_n = K(Z, x_n), a_n = Lz^-1 k_n, beta = Lz^-T m_w and Sigma = Lz^-T (S_w - I) Lz^-1.
+// Two ways to evaluate them and their reverse pass, with the same results (to rounding):
+//   Path::Solve        A = Lz^-1 Kzx (TRSM) and T = L_w^T A (TRMM) per minibatch; reverse: one
+//                      TRMM and the lower triangle of A diag(g) T^T per latent function, dKzx =
+//                      Lz^-T dA (TRSM) and dLz = -tril(dKzx A^T). About (4 + 4 L) B M^2 flops,
+//                      mostly triangular (which run at ~70% of GEMM's rate), plus O(M^3).
+//   Path::Precomputed  Sigma_l = W_l W_l^T - Lz^-T Lz^-1 (W_l = Lz^-T L_w,l) in O(M^3), then per
+//                      latent function C_l = Sigma_l Kzx (SYMM, 2 B M^2) gives var, and dKzx =
+//                      2 C_l diag(g) + beta gmu^T needs no further product; d/dSigma_l =
+//                      Kzx diag(g) Kzx^T (SYRK, B M^2). 3 L B M^2 flops at GEMM's rate plus
+//                      about (6 + 7 L) M^3: the faster path once B exceeds ~3 M.
+// Path::Auto picks the cheaper by that count. The precomputed form sums terms of the size of
+// cond(Kzz) that cancel to var_n, so it loses about log10(cond(Kzz)) digits; after it, the
+// variances of the two points of each column block most exposed to that (largest |k_n|^2 /
+// var_n) are recomputed by triangular solves, and a block where any differs by more than 1e-8
+// relative is redone by Path::Solve. Plus, on either path, O(M^3) for the Cholesky of Kzz and
+// its reverse mode, O(B M D) for the kernel and the per-point expectations.
+//
+// Threads: the minibatch is cut into column blocks that the threads evaluate independently
+// (kernel, marginals, expectations, reverse pass, kernel vjp) with single-threaded BLAS, and
+// their M x M partial gradients are summed once at the end: one barrier per evaluation, so a
+// thread that the scheduler pauses on a shared machine stalls the others once, not at every
+// BLAS call. The O(M^3) work before and after the blocks uses BLAS threads only for M >= 512;
+// an evaluation of under ~3e7 flops runs on one thread altogether (threads.hpp).
 #pragma once
 
 #include "pygpfast/kernels.hpp"
@@ -52,7 +72,12 @@ struct Gradients {
   double* ell_q_cov = nullptr;  // [L, M, M]
 };
 
+// How the marginals are evaluated (see above). Auto is the default; the others are for tests
+// and benchmarks.
+enum class Path { Auto = 0, Solve = 1, Precomputed = 2 };
+
 struct Result {
+  Path path = Path::Solve;        // the path that produced the result
   double elbo = 0.0;
   double expected_log_lik = 0.0;  // scaled by N/B
   double kl = 0.0;
@@ -63,7 +88,7 @@ struct Result {
 // diagonal of Kzz (absolute, as in GPflow's default 1e-6). The likelihood's latent_dim must
 // equal q.num_latent().
 Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, const Variational& q,
-            const Batch& batch, double jitter, Gradients* grads);
+            const Batch& batch, double jitter, Gradients* grads, Path path = Path::Auto);
 
 // Marginals of q(f) at new inputs: mean [T, L], var [T, L] (no likelihood noise).
 // Returns the extra jitter the Cholesky of Kzz needed.

@@ -24,4 +24,32 @@ int threads_for(index_t items, index_t min_per_thread);
 // True when the core was compiled with OpenMP.
 bool openmp_enabled();
 
+// body(i) for every i in [0, n), on threads_for(n, min_per_thread) threads with a static
+// schedule. Bodies write per-index outputs, so results do not depend on the thread count.
+// The body must not throw (validate before the loop).
+template <class Body>
+void parallel_for(index_t n, index_t min_per_thread, const Body& body) {
+  [[maybe_unused]] const int nt = threads_for(n, min_per_thread);
+#ifdef _OPENMP  // (without it the pragma would draw -Wunknown-pragmas)
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+  for (index_t i = 0; i < n; ++i) body(i);
+}
+
+// While one exists (when `active`), the calling thread runs the core on one thread: its OpenMP
+// loops (threads_for returns 1) and, where the BLAS has a per-thread setting, its BLAS calls.
+// For work too small to pay for a second thread: waking one costs more than it saves, and on a
+// shared machine every barrier waits for a thread the scheduler may have paused.
+class SingleThreadScope {
+ public:
+  explicit SingleThreadScope(bool active);
+  ~SingleThreadScope();
+  SingleThreadScope(const SingleThreadScope&) = delete;
+  SingleThreadScope& operator=(const SingleThreadScope&) = delete;
+
+ private:
+  bool active_;
+  int previous_blas_ = 0;
+};
+
 }  // namespace pygpfast

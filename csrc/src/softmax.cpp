@@ -1,0 +1,365 @@
+#include "pygpfast/softmax.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "pygpfast/quadrature.hpp"
+#include "pygpfast/threads.hpp"
+#include "pygpfast/vmath.hpp"
+
+namespace pygpfast::softmax {
+namespace {
+
+constexpr double kSqrt2 = 1.41421356237309504880;
+constexpr double kInvSqrtPi = 0.56418958354775628695;
+
+// The outer (u = log t) grid: nodes u_j = j h.
+constexpr double kStep = 0.5;
+// The grid starts at t_lo = e^{j_lo h} <= kTailScale / R4, R4 >= E_gh[S^4]^{1/4} (see
+// Point::Point): the terms of order t^4 that the closed-form lower tail leaves out are below
+// t^4 (E[S^4] + A^4) / 24 per node and sum to below 1e-10.
+constexpr double kTailScale = 1e-2;
+// The grid stops at the first node where the value's and the derivatives' integrands sum to
+// less than this (they decrease double-exponentially in u from there, apart from the terms of
+// Gauss-Hermite nodes whose weights are below it).
+constexpr double kStop = 1e-12;
+// At most this many grid nodes per point (reached only for latent variances above ~10^3).
+constexpr int kMaxNodes = 1024;
+// Below this variance, d/dvar takes Price's form (as in likelihoods.cpp's gh_expectation).
+constexpr double kPriceVariance = 1e-10;
+// Per-class scales of the prediction sums stay below e^600 (see log_probabilities_point).
+constexpr double kMaxScaledExponent = 600.0;
+
+// A loop over points is split across threads only when each thread gets at least this many
+// points: one point costs tens of grid nodes of C n_gh exps each.
+constexpr index_t kMinPointsPerThread = 8;
+
+// Gauss-Hermite rule for N(0, 1): E[g(z)] ~ sum_k w_k g(z_k), ascending nodes z_k.
+struct NormalRule {
+  std::vector<double> z, w;
+  explicit NormalRule(int n) {
+    const auto& rule = quadrature::gauss_hermite(n);
+    for (int k = 0; k < n; ++k) {
+      z.push_back(kSqrt2 * rule.x[k]);
+      w.push_back(kInvSqrtPi * rule.w[k]);
+    }
+  }
+  int size() const { return static_cast<int>(z.size()); }
+};
+
+// The per-point set-up shared by the expectations and the predictions. With e_ck = exp(mu_c +
+// s_c z_k - shift), s_c = sqrt(var_c), and the shift a multiple of h chosen so that
+// A = sum_c a_c lies in [1, e^h) (shifting by a multiple of h moves the grid onto itself, so
+// the sums do not depend on the shift):
+//   a_c = sum_k w_k e_ck,  b_c = sum_k w_k e_ck^2,  c_c = sum_k w_k e_ck^3,
+//   kappa2 = sum_c (b_c - a_c^2),  kappa3 = sum_c (c_c - 3 a_c b_c + 2 a_c^3)
+// (the rule's cumulants of S), and the first grid node j_lo.
+struct Point {
+  int C, K;
+  const double* mu;
+  const double* var;
+  double* e;  // [C, K] the nodes' exp(f - shift)
+  double shift = 0.0;
+  double A = 0.0, kappa2 = 0.0, kappa3 = 0.0;
+  double* a;  // [C] per-class moments a_c, b_c, c_c
+  double* b;
+  double* c;
+  int j_lo = 0;
+
+  [[gnu::always_inline]] inline Point(const NormalRule& rule, int num_classes, const double* mu_,
+                                      const double* var_, double* work)
+      : C(num_classes), K(rule.size()), mu(mu_), var(var_), e(work), a(work + C * K),
+        b(a + C), c(b + C) {
+    const double* z = rule.z.data();
+    const double* w = rule.w.data();
+    // log sum_ck w_k exp(f_ck) from the largest node value (z ascending, s >= 0).
+    double f_max = -std::numeric_limits<double>::infinity();
+    for (int ci = 0; ci < C; ++ci) f_max = std::max(f_max, mu[ci] + std::sqrt(var[ci]) * z[K - 1]);
+    double sum = 0.0;
+    for (int ci = 0; ci < C; ++ci) {
+      const double m = mu[ci] - f_max, s = std::sqrt(var[ci]);
+      double* ec = e + ci * K;
+      double ac = 0.0;
+#pragma omp simd reduction(+ : ac)
+      for (int k = 0; k < K; ++k) {
+        ec[k] = vmath::exp(m + s * z[k]);
+        ac += w[k] * ec[k];
+      }
+      sum += ac;
+    }
+    shift = kStep * std::floor((f_max + std::log(sum)) / kStep);
+    const double rescale = std::exp(f_max - shift);
+    double r4 = 0.0;
+    for (int ci = 0; ci < C; ++ci) {
+      double* ec = e + ci * K;
+      double ac = 0.0, bc = 0.0, cc = 0.0, dc = 0.0;
+      const double top = ec[K - 1] * rescale;  // the largest e_ck of the class
+      const double inv_top = top > 0.0 ? 1.0 / top : 0.0;
+#pragma omp simd reduction(+ : ac, bc, cc, dc)
+      for (int k = 0; k < K; ++k) {
+        const double x = ec[k] * rescale;
+        ec[k] = x;
+        const double wx = w[k] * x, r = x * inv_top;
+        ac += wx;
+        bc += wx * x;
+        cc += wx * x * x;
+        dc += w[k] * (r * r) * (r * r);
+      }
+      a[ci] = ac;
+      b[ci] = bc;
+      c[ci] = cc;
+      A += ac;
+      kappa2 += bc - ac * ac;
+      kappa3 += cc - 3.0 * ac * bc + 2.0 * ac * ac * ac;
+      r4 += top * std::sqrt(std::sqrt(dc));  // E_gh[e_c^4]^{1/4}; Minkowski: sum >= E[S^4]^{1/4}
+    }
+    j_lo = static_cast<int>(std::ceil((std::log(kTailScale) - std::log(r4)) / kStep));
+  }
+
+  // Sums over the grid nodes j < j_lo of h t_j^p (p = 2, 3), t_j = e^{j h}.
+  double tail_sum(int p) const {
+    return kStep * std::exp(p * j_lo * kStep) / std::expm1(p * kStep);
+  }
+};
+
+// The per-class Gauss-Hermite sums at one grid node t for class rows e, wa, wb [K]:
+//   l = sum_k w_k q_k,  m = sum_k wa_k q_k,  and  n = sum_k wb_k q_k  (Price = false)
+//   or  n = t sum_k wa_k q_k (t e_k - 1)  (Price = true),  with q_k = exp(-t e_k).
+struct ClassSums {
+  double l, m, n;
+};
+
+template <bool Price>
+[[gnu::always_inline]] inline ClassSums class_sums(double t, const double* e, const double* w,
+                                                   const double* wa, const double* wb, int K) {
+  double l = 0.0, m = 0.0, n = 0.0;
+#pragma omp simd reduction(+ : l, m, n)
+  for (int k = 0; k < K; ++k) {
+    const double te = t * e[k];
+    const double q = vmath::exp(-te);
+    l += w[k] * q;
+    m += wa[k] * q;
+    if constexpr (Price)
+      n += wa[k] * q * (te - 1.0);
+    else
+      n += wb[k] * q;
+  }
+  if constexpr (Price) n *= t;
+  return {l, m, n};
+}
+
+// Workspace of one point (doubles).
+index_t work_size(int C, int K) { return 3 * static_cast<index_t>(C) * K + 10 * static_cast<index_t>(C); }
+
+// One point of variational_expectations.
+PYGPFAST_SIMD_CLONES void expectation_point(const NormalRule& rule, int C, int y, const double* mu,
+                                            const double* var, double* value, double* dmu, double* dvar,
+                                            double* work) {
+  const Point p(rule, C, mu, var, work);
+  const int K = p.K;
+  const double* z = rule.z.data();
+  const double* w = rule.w.data();
+  double* we = p.c + C;     // [C, K] w_k e_ck
+  double* wze = we + C * K;  // [C, K] w_k z_k e_ck
+  double* L = wze + C * K;   // [C] L_c(t) at the current node
+  double* prefix = L + C;    // [C] prod_{d < c} L_d(t)
+  double* m_c = prefix + C;  // [C] sum_k w e q at the current node
+  double* n_c = m_c + C;     // [C] the variance sums at the current node
+  double* inv_2s = n_c + C;  // [C] 1 / (2 s_c), 0 where Price's form is used
+  for (int ci = 0; ci < C; ++ci) {
+    inv_2s[ci] = var[ci] < kPriceVariance ? 0.0 : 0.5 / std::sqrt(var[ci]);
+    for (int k = 0; k < K; ++k) {
+      we[ci * K + k] = w[k] * p.e[ci * K + k];
+      wze[ci * K + k] = z[k] * we[ci * K + k];
+    }
+  }
+
+  // The grid sums of dV/dmu_c and dV/dvar_c accumulate in dmu and dvar (V: the estimate of E[lse]).
+  std::fill(dmu, dmu + C, 0.0);
+  std::fill(dvar, dvar + C, 0.0);
+  double vsum = 0.0, d_a = 0.0;  // sum_j (e^{-t A} - P), sum_j t e^{-t A}
+  for (int node = 0, j = p.j_lo; node < kMaxNodes; ++node, ++j) {
+    const double t = std::exp(j * kStep);
+    double P = 1.0;
+    for (int ci = 0; ci < C; ++ci) {
+      const ClassSums s = var[ci] < kPriceVariance
+                              ? class_sums<true>(t, p.e + ci * K, w, we + ci * K, wze + ci * K, K)
+                              : class_sums<false>(t, p.e + ci * K, w, we + ci * K, wze + ci * K, K);
+      L[ci] = s.l;
+      m_c[ci] = s.m;
+      n_c[ci] = s.n;
+      prefix[ci] = P;
+      P *= s.l;
+    }
+    const double P0 = std::exp(-t * p.A);
+    vsum += P0 - P;
+    d_a += t * P0;
+    // -dP/dmu_c = t m_c prod_{d != c} L_d; -dP/dvar_c = -(dL_c/dvar_c) prod_{d != c} L_d with
+    // dL_c/dvar_c = -t sum_k w z e q / (2 s_c), or sum_k w (t^2 e^2 - t e) q / 2 (Price).
+    double suffix = 1.0, grad_mass = 0.0;
+    for (int ci = C - 1; ci >= 0; --ci) {
+      const double others = prefix[ci] * suffix;
+      suffix *= L[ci];
+      const double g = t * m_c[ci] * others;
+      dmu[ci] += g;
+      grad_mass += g;
+      dvar[ci] += (var[ci] < kPriceVariance ? -0.5 : t * inv_2s[ci]) * n_c[ci] * others;
+    }
+    if (P + P0 + grad_mass < kStop) break;
+  }
+
+  // V = shift + log A + h vsum + tail, tail = -kappa2 G2 / 2 + (kappa3 / 6 + A kappa2 / 2) G3:
+  // the grid's nodes below j_lo, from the expansion e^{-tA} - P(t) = -t^2 kappa2 / 2 +
+  // t^3 (kappa3 / 6 + A kappa2 / 2) + O(t^4).
+  const double G2 = p.tail_sum(2), G3 = p.tail_sum(3);
+  const double A = p.A, k2 = p.kappa2, k3 = p.kappa3;
+  const double tail = -0.5 * k2 * G2 + (k3 / 6.0 + 0.5 * A * k2) * G3;
+  *value = (mu[y] - p.shift) - std::log(A) - kStep * vsum - tail;
+  // The chain rule through A, kappa2 and kappa3; per class d kappa2 = db - 2a da and
+  // d kappa3 = dc - 3 (b da + a db) + 6 a^2 da, with d(a, b, c)/dmu_c = (a, 2b, 3c).
+  const double c1 = 1.0 / A - kStep * d_a + 0.5 * k2 * G3;
+  const double c2 = -0.5 * G2 + 0.5 * A * G3;
+  const double c3 = G3 / 6.0;
+  for (int ci = 0; ci < C; ++ci) {
+    const double ac = p.a[ci], bc = p.b[ci], cc = p.c[ci];
+    double da, db, dc;  // d(a_c, b_c, c_c) / d var_c
+    if (var[ci] < kPriceVariance) {
+      da = 0.5 * ac;
+      db = 2.0 * bc;
+      dc = 4.5 * cc;
+    } else {
+      const double* ec = p.e + ci * K;
+      double s1 = 0.0, s2 = 0.0, s3 = 0.0;
+      for (int k = 0; k < K; ++k) {
+        const double v = wze[ci * K + k];
+        s1 += v;
+        s2 += v * ec[k];
+        s3 += v * ec[k] * ec[k];
+      }
+      da = s1 * inv_2s[ci];
+      db = 2.0 * s2 * inv_2s[ci];
+      dc = 3.0 * s3 * inv_2s[ci];
+    }
+    const double dV_mu = c1 * ac + 2.0 * c2 * (bc - ac * ac) +
+                         3.0 * c3 * (cc - 3.0 * ac * bc + 2.0 * ac * ac * ac) + kStep * dmu[ci];
+    const double dV_var = c1 * da + c2 * (db - 2.0 * ac * da) +
+                          c3 * (dc - 3.0 * (bc * da + ac * db) + 6.0 * ac * ac * da) +
+                          kStep * dvar[ci];
+    dmu[ci] = (ci == y ? 1.0 : 0.0) - dV_mu;
+    dvar[ci] = -dV_var;
+  }
+}
+
+// One point of log_class_probabilities. Class c's sums are scaled by e^{-o_c} with
+// o_c = max(m_c, m_c + s_c z_max - 600), m_c = mu_c - shift: the scaled probability
+// E[e^{f_c - shift - o_c} / S'] is then of order one however far class c lies below the
+// others (no underflow), and the scaled nodes stay below e^600.
+PYGPFAST_SIMD_CLONES void log_probabilities_point(const NormalRule& rule, int C, const double* mu,
+                                                  const double* var, double* log_prob, double* work) {
+  const Point p(rule, C, mu, var, work);
+  const int K = p.K;
+  const double* z = rule.z.data();
+  const double* w = rule.w.data();
+  double* wg = p.c + C;      // [C, K] w_k g_ck, g_ck = e_ck e^{-o_c}
+  double* L = wg + C * K;    // [C]
+  double* prefix = L + C;    // [C]
+  double* m_c = prefix + C;  // [C] sum_k w g q at the current node
+  double* offset = m_c + C;  // [C] o_c
+  double* g1 = offset + C;   // [C] sum_k w g  (the control variate t g1 e^{-tA} integrates to g1 / A)
+  double* g2 = g1 + C;       // [C] sum_k w g e
+  double* g3 = g2 + C;       // [C] sum_k w g e^2
+  for (int ci = 0; ci < C; ++ci) {
+    const double m = mu[ci] - p.shift, s = std::sqrt(var[ci]);
+    const double* ec = p.e + ci * K;
+    double* wgc = wg + ci * K;
+    offset[ci] = std::max(m, m + s * z[K - 1] - kMaxScaledExponent);
+    double s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    for (int k = 0; k < K; ++k) {
+      wgc[k] = w[k] * vmath::exp(m - offset[ci] + s * z[k]);
+      s1 += wgc[k];
+      s2 += wgc[k] * ec[k];
+      s3 += wgc[k] * ec[k] * ec[k];
+    }
+    g1[ci] = s1;
+    g2[ci] = s2;
+    g3[ci] = s3;
+  }
+
+  double* acc = log_prob;  // the grid sums of sum_j t (m_c prod_{d != c} L_d - g1_c e^{-tA})
+  std::fill(acc, acc + C, 0.0);
+  for (int node = 0, j = p.j_lo; node < kMaxNodes; ++node, ++j) {
+    const double t = std::exp(j * kStep);
+    double P = 1.0;
+    for (int ci = 0; ci < C; ++ci) {
+      const ClassSums s = class_sums<false>(t, p.e + ci * K, w, wg + ci * K, wg + ci * K, K);
+      L[ci] = s.l;
+      m_c[ci] = s.m;
+      prefix[ci] = P;
+      P *= s.l;
+    }
+    const double P0 = std::exp(-t * p.A);
+    double suffix = 1.0, mass = 0.0;
+    for (int ci = C - 1; ci >= 0; --ci) {
+      // (t last: t g1 alone can overflow where P0 is 0)
+      const double term = m_c[ci] * prefix[ci] * suffix * t, cv = g1[ci] * P0 * t;
+      suffix *= L[ci];
+      acc[ci] += term - cv;
+      mass += term + cv;
+    }
+    if (P + P0 + mass < kStop) break;
+  }
+
+  // The nodes below j_lo: the scaled integrand minus its control variate is
+  // t^2 (g1 a_c - g2) + t^3 (g3 / 2 + g2 K1 + g1 (K1^2 + K2 - A^2) / 2) + O(t^4), with
+  // K1 = A - a_c and K2 = kappa2 - (b_c - a_c^2) (the other classes' cumulants).
+  const double G2 = p.tail_sum(2), G3 = p.tail_sum(3);
+  const double A = p.A;
+  double max_log = -std::numeric_limits<double>::infinity();
+  for (int ci = 0; ci < C; ++ci) {
+    const double ac = p.a[ci];
+    const double K1 = A - ac, K2 = p.kappa2 - (p.b[ci] - ac * ac);
+    const double scaled = g1[ci] / A + kStep * acc[ci] + (g1[ci] * ac - g2[ci]) * G2 +
+                          (0.5 * g3[ci] + g2[ci] * K1 + 0.5 * g1[ci] * (K2 - ac * (2.0 * A - ac))) * G3;
+    log_prob[ci] = offset[ci] + std::log(std::max(scaled, std::numeric_limits<double>::min()));
+    max_log = std::max(max_log, log_prob[ci]);
+  }
+  double total = 0.0;
+  for (int ci = 0; ci < C; ++ci) total += std::exp(log_prob[ci] - max_log);
+  const double log_total = max_log + std::log(total);
+  for (int ci = 0; ci < C; ++ci) log_prob[ci] -= log_total;
+}
+
+// body(i, work) for every point, with a per-thread workspace of work_size doubles.
+template <class Body>
+void for_each_point(index_t n, index_t work_doubles, const Body& body) {
+  parallel_for(n, kMinPointsPerThread, [&](index_t i) {
+    thread_local std::vector<double> work;
+    if (static_cast<index_t>(work.size()) < work_doubles) work.resize(work_doubles);
+    body(i, work.data());
+  });
+}
+
+}  // namespace
+
+void variational_expectations(int num_classes, int n_gh, const double* y, const double* mu,
+                              const double* var, index_t n, double* value, double* dmu, double* dvar) {
+  const NormalRule rule(n_gh);
+  const index_t C = num_classes;
+  for_each_point(n, work_size(num_classes, rule.size()), [&](index_t i, double* work) {
+    expectation_point(rule, num_classes, static_cast<int>(y[i]), mu + i * C, var + i * C, value + i,
+                      dmu + i * C, dvar + i * C, work);
+  });
+}
+
+void log_class_probabilities(int num_classes, int n_gh, const double* mu, const double* var,
+                             index_t n, double* log_prob) {
+  const NormalRule rule(n_gh);
+  const index_t C = num_classes;
+  for_each_point(n, work_size(num_classes, rule.size()), [&](index_t i, double* work) {
+    log_probabilities_point(rule, num_classes, mu + i * C, var + i * C, log_prob + i * C, work);
+  });
+}
+
+}  // namespace pygpfast::softmax

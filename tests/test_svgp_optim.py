@@ -1,0 +1,230 @@
+"""SVGP optimisers: natural-gradient steps against dense closed forms (Titsias' optimum for a
+Gaussian likelihood, the natural-parameter update written out in numpy), their fixed point
+against the ELBO's stationarity, the PD guard, parameter packing against finite differences,
+Adam and Adadelta against their formulas, and the estimators' optimizer choices."""
+
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.stats
+
+from pygpfast import kernels, likelihoods
+from pygpfast._svgp_optim import Adadelta, Adam, NaturalGradient, Packer
+from pygpfast.exceptions import NumericalWarning
+from pygpfast.svgp import SVGP, SVGPClassifier, SVGPRegressor
+
+
+def regression_problem(rng, N=60, M=9):
+    X = rng.uniform(-3, 3, (N, 1))
+    y = np.sin(2 * X[:, 0]) + 0.2 * rng.standard_normal(N)
+    Z = np.linspace(-3, 3, M)[:, None]
+    return X, y, Z, kernels.RBF(variance=1.2, lengthscale=0.7)
+
+
+def titsias(kernel, Z, X, y, noise, jitter):
+    """The optimal whitened q(v) = N(m, Sigma) and Titsias' collapsed bound (seed 000 eq. 6)."""
+    M, N = Z.shape[0], X.shape[0]
+    Lz = np.linalg.cholesky(kernel(Z) + jitter * np.eye(M))
+    A = scipy.linalg.solve_triangular(Lz, kernel(Z, X), lower=True)
+    Sigma = np.linalg.inv(np.eye(M) + A @ A.T / noise)
+    m = Sigma @ A @ y / noise
+    Qff = A.T @ A
+    bound = (scipy.stats.multivariate_normal(np.zeros(N), Qff + noise * np.eye(N)).logpdf(y)
+             - (kernel.diag(X).sum() - np.trace(Qff)) / (2 * noise))
+    return m, Sigma, Lz, bound
+
+
+def random_q(rng, M, scale=1.0):
+    return 0.3 * rng.standard_normal(M), scale * (np.tril(0.1 * rng.standard_normal((M, M)), -1) + np.eye(M))
+
+
+def natural_step(model, X, y, rho, scale=1.0, ng=None):
+    _, g = model.elbo(X, y, scale=scale, with_grad=True, natural=True)
+    (ng or NaturalGradient()).step(model, g["d_ell_m"], g["d_ell_S"], rho,
+                                   None if model.whiten else model.prior_precision())
+    return g
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_gaussian_natural_step_of_one_is_the_optimum(rng, whiten):
+    X, y, Z, kernel = regression_problem(rng)
+    noise, jitter = 0.05, 1e-8
+    m, Sigma, Lz, bound = titsias(kernel, Z, X, y, noise, jitter)
+    q_mu, q_sqrt = random_q(rng, 9)
+    if not whiten:
+        q_mu, q_sqrt = Lz @ q_mu, Lz @ q_sqrt
+    model = SVGP(kernel, likelihoods.Gaussian(variance=noise), Z, q_mu, q_sqrt, whiten=whiten, jitter=jitter)
+    natural_step(model, X, y, 1.0)
+    S = model.q_sqrt @ model.q_sqrt.T
+    if whiten:
+        np.testing.assert_allclose(model.q_mu, m, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(S, Sigma, rtol=1e-9, atol=1e-13)
+    else:
+        np.testing.assert_allclose(model.q_mu, Lz @ m, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(S, Lz @ Sigma @ Lz.T, rtol=1e-9, atol=1e-13)
+    assert np.all(np.triu(model.q_sqrt, 1) == 0) and np.all(np.diag(model.q_sqrt) > 0)
+    np.testing.assert_allclose(model.elbo(X, y)[0], bound, rtol=1e-10)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("link", ["probit", "logit"])
+def test_natural_step_matches_dense_natural_parameter_update(rng, whiten, link):
+    """theta <- (1 - rho) theta + rho (prior + dELL/deta), written out with explicit inverses,
+    twice in a row (the second step starts from the cached precision)."""
+    X = rng.standard_normal((40, 2))
+    y = (X[:, 0] * X[:, 1] > 0).astype(float)
+    Z = rng.standard_normal((6, 2))
+    kernel = kernels.Matern52(variance=1.5, lengthscale=np.array([0.9, 1.3]))
+    jitter = 1e-6
+    Kzz = kernel(Z) + jitter * np.eye(6)
+    P = np.eye(6) if whiten else np.linalg.inv(Kzz)
+    q_mu, q_sqrt = random_q(rng, 6, scale=0.8)
+    if not whiten:
+        q_sqrt = np.linalg.cholesky(Kzz) @ q_sqrt
+    model = SVGP(kernel, likelihoods.Bernoulli(link), Z, q_mu, q_sqrt, whiten=whiten, jitter=jitter)
+    ng = NaturalGradient()
+    for rho in (0.3, 0.7):
+        m0, S0 = model.q_mu.copy(), model.q_sqrt @ model.q_sqrt.T
+        g = natural_step(model, X, y, rho, scale=2.0, ng=ng)
+        prec = (1 - rho) * np.linalg.inv(S0) + rho * (P - 2 * g["d_ell_S"])
+        shift = (1 - rho) * np.linalg.solve(S0, m0) + rho * (g["d_ell_m"] - 2 * g["d_ell_S"] @ m0)
+        np.testing.assert_allclose(model.q_sqrt @ model.q_sqrt.T, np.linalg.inv(prec), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(model.q_mu, np.linalg.solve(prec, shift), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_natural_gradient_fixed_point_is_the_elbo_optimum_in_q(rng, whiten):
+    X = rng.standard_normal((50, 2))
+    y = (np.sin(2 * X[:, 0]) + X[:, 1] > 0).astype(float)
+    Z = rng.standard_normal((7, 2))
+    model = SVGP(kernels.RBF(lengthscale=np.array([0.8, 1.2])), likelihoods.Bernoulli(), Z, whiten=whiten)
+    for _ in range(60):
+        natural_step(model, X, y, 0.8)
+    _, g = model.elbo(X, y, with_grad=True)
+    assert np.abs(g["q_mu"]).max() < 1e-8
+    assert np.abs(g["q_sqrt"]).max() < 1e-8
+
+
+def test_indefinite_step_is_halved_with_a_warning(rng):
+    X, y, Z, kernel = regression_problem(rng)
+    model = SVGP(kernel, likelihoods.Gaussian(variance=0.1), Z)
+    d_m, d_S = np.zeros(9), 2.0 * np.eye(9)  # target precision I - 4 I: not positive definite
+    with pytest.warns(NumericalWarning, match="not positive definite"):
+        NaturalGradient().step(model, d_m, d_S, 0.9)
+    # The largest halving of 0.9 with a PD result: (1 - r) - 3 r > 0, r = 0.9 / 4.
+    np.testing.assert_allclose(model.q_sqrt @ model.q_sqrt.T, np.eye(9) / (1 - 4 * 0.225), rtol=1e-12)
+
+
+def test_natural_gradient_cache_follows_replaced_q(rng):
+    X, y, Z, kernel = regression_problem(rng)
+    model = SVGP(kernel, likelihoods.Bernoulli(), Z)
+    yb = (y > 0).astype(float)
+    ng = NaturalGradient()
+    natural_step(model, X, yb, 0.5, ng=ng)
+    model.q_mu, model.q_sqrt = random_q(rng, 9)  # replaced from outside: the cache is stale
+    twin = SVGP(kernel, likelihoods.Bernoulli(), Z, model.q_mu, model.q_sqrt)
+    natural_step(model, X, yb, 0.5, ng=ng)
+    natural_step(twin, X, yb, 0.5)
+    np.testing.assert_allclose(model.q_mu, twin.q_mu, rtol=1e-12)
+    np.testing.assert_allclose(model.q_sqrt, twin.q_sqrt, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("train_q", [True, False])
+def test_packer_gradient_matches_finite_differences(rng, train_q):
+    X = rng.standard_normal((20, 2))
+    y = np.cos(X[:, 0]) + 0.1 * rng.standard_normal(20)
+    Z = rng.standard_normal((4, 2))
+    q_mu, q_sqrt = random_q(rng, 4)
+    model = SVGP(kernels.RBF(variance=1.1, lengthscale=np.array([0.7, 1.4])), likelihoods.Gaussian(0.3), Z,
+                 q_mu, q_sqrt)
+    packer = Packer(model, train_q=train_q)
+    x0 = packer.get()
+    assert x0.size == packer.size == (4 + 10 if train_q else 0) + 8 + 3 + 1
+
+    def f(x):
+        return model.elbo(X, y, hyper=packer.apply(x))[0]
+
+    _, g = model.elbo(X, y, with_grad=True, hyper=packer.apply(x0))
+    analytic = packer.grad(g, x0)
+    eps = 1e-6
+    num = np.array([(f(x0 + eps * e) - f(x0 - eps * e)) / (2 * eps) for e in np.eye(x0.size)])
+    np.testing.assert_allclose(analytic, num, rtol=1e-5, atol=1e-7)
+    packer.commit(x0 + 0.01)
+    np.testing.assert_allclose(packer.get(), x0 + 0.01, rtol=1e-14)
+    np.testing.assert_allclose(model.kernel.theta, x0[-4:-1] + 0.01, rtol=1e-14)
+
+
+def test_adam_and_adadelta_follow_their_formulas():
+    g = np.array([0.5, -2.0])
+    x = np.array([1.0, 1.0])
+    adam = Adam(0.1)
+    x1 = adam.step(x, g)
+    # First step: m_hat = g, v_hat = g^2, so the step is lr * sign(g) (up to eps).
+    np.testing.assert_allclose(x1, x - 0.1 * np.sign(g), rtol=1e-7)
+    decayed = Adam(0.1, decay_steps=3.0)
+    np.testing.assert_allclose(decayed.step(x, g), x - 0.1 / np.sqrt(1 + 1 / 3) * np.sign(g), rtol=1e-7)
+    ada = Adadelta(0.1, decay=0.9, eps=1e-4)
+    g2 = 0.1 * g * g
+    dx = np.sqrt(1e-4) / np.sqrt(g2 + 1e-4) * g
+    np.testing.assert_allclose(ada.step(x, g), x - 0.1 * dx, rtol=1e-12)
+    np.testing.assert_allclose(ada.dx2, 0.1 * dx * dx, rtol=1e-12)
+
+
+def test_adam_minimises_a_quadratic():
+    A = np.diag([1.0, 10.0, 100.0])
+    x, adam = np.ones(3), Adam(0.05)
+    for _ in range(2000):
+        x = adam.step(x, A @ x)
+    assert np.abs(x).max() < 1e-3
+
+
+# ---------------------------------------------------------------- through the estimators
+def test_lbfgs_regressor_with_frozen_hyperparameters_reaches_titsias_bound(rng):
+    X, y, Z, kernel = regression_problem(rng)
+    reg = SVGPRegressor(kernel, likelihood=likelihoods.Gaussian(variance=0.05), normalize_y=False,
+                        inducing_points=Z, train_inducing=False, optimize_hyperparameters=False,
+                        optimizer="lbfgs", jitter=1e-8).fit(X, y)
+    *_, bound = titsias(kernel, Z, X, y, 0.05, 1e-8)
+    np.testing.assert_allclose(reg.elbo_, bound, rtol=1e-10)
+    assert reg.n_iter_ == 0 and reg.history_ == []
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_one_natgrad_epoch_gives_the_exact_gaussian_posterior(rng, whiten):
+    """With natgrad_step='auto' the first N / B steps average the minibatch targets exactly
+    (rho_t = 1 / (t + 1)); one epoch visits every row once, so q is Titsias' optimum."""
+    X, y, Z, kernel = regression_problem(rng, N=600)
+    reg = SVGPRegressor(kernel, likelihood=likelihoods.Gaussian(variance=0.05), normalize_y=False,
+                        inducing_points=Z, train_inducing=False, optimize_hyperparameters=False,
+                        optimizer="natgrad", batch_size=100, max_iter=1, whiten=whiten, jitter=1e-8,
+                        random_state=0)
+    with pytest.warns(Warning, match="max_iter"):
+        reg.fit(X, y)
+    assert reg.n_steps_ == 6
+    *_, bound = titsias(kernel, Z, X, y, 0.05, 1e-8)
+    np.testing.assert_allclose(reg.model_.elbo(X, y)[0], bound, rtol=1e-9)
+
+
+def test_auto_optimizer_by_size(rng, monkeypatch):
+    from sklearn.datasets import make_moons
+
+    X, y = make_moons(300, noise=0.2, random_state=0)
+    small = SVGPClassifier(n_inducing=8, random_state=0).fit(X, y)
+    assert small.optimizer_ == "lbfgs"
+    monkeypatch.setattr(SVGPClassifier, "LBFGS_AUTO_MAX_ROWS", 100)
+    large = SVGPClassifier(n_inducing=8, batch_size=64, max_iter=200, random_state=0).fit(X, y)
+    assert large.optimizer_ == "natgrad" and large.n_steps_ == large.n_iter_ * 5
+    assert large.score(X, y) > 0.9
+
+
+@pytest.mark.parametrize("optimizer", ["natgrad", "adam", "adadelta"])
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # adadelta, 150 epochs
+def test_stochastic_optimizers_fit_moons(optimizer):
+    from sklearn.datasets import make_moons
+
+    X, y = make_moons(1000, noise=0.2, random_state=1)
+    Xt, yt = make_moons(500, noise=0.2, random_state=2)
+    clf = SVGPClassifier(n_inducing=16, optimizer=optimizer, batch_size=100, max_iter=150,
+                         random_state=0).fit(X, y)
+    assert clf.score(Xt, yt) > 0.93
+    assert clf.optimizer_ == optimizer
