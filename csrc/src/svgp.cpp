@@ -575,6 +575,9 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   if (path == Path::Auto) path = cheaper_path(M, B, L);
   const double work = path_cost(path, M, B, L) + 30.0 * M * B + 50.0 * B * L * lik.n_gh;
   const bool one_thread = work < kSingleThreadWork;
+  // Column blocks and the threads that take them (decided before the scope below, which makes
+  // threads_for answer 1).
+  const int threads = one_thread ? 1 : threads_for(B, kMinBlockColumns);
   // The O(M^3) parts: BLAS threads only for large M.
   const SingleThreadScope serial_scope(one_thread || M < kThreadedM);
 
@@ -593,8 +596,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   whitened_parameters(q, LzV, sh.mw, sh.Lw);
   if (path == Path::Precomputed) sh.prepare_precomputed();
 
-  // Column blocks and the threads that take them (static, round-robin).
-  const int threads = one_thread ? 1 : threads_for(B, kMinBlockColumns);
+  // Blocks go to the threads round-robin (static).
   const index_t by_threads = (B + threads - 1) / threads;
   const index_t nb = std::max<index_t>(1, std::min(by_threads, kMaxBlockEntries / std::max<index_t>(M * L, 1)));
   const index_t blocks = (B + nb - 1) / nb;
