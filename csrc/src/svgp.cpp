@@ -1,6 +1,7 @@
 #include "pygpfast/svgp.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <exception>
 #include <memory>
@@ -12,6 +13,10 @@
 #include "pygpfast/errors.hpp"
 #include "pygpfast/linalg.hpp"
 #include "pygpfast/threads.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace pygpfast::svgp {
 namespace {
@@ -212,6 +217,13 @@ struct Partials {
   // Kernel parameters, Z (through Kzx) and the likelihood variance.
   Buffer dkernel, dZ;
   double dlik = 0.0;
+
+  // Zeros every buffer (keeping its size) for the next block.
+  void zero() {
+    for (Buffer* b : {&dmw, &dLw, &dSw, &dLz, &dSigma, &dbeta, &dkernel, &dZ}) std::fill(b->begin(), b->end(), 0.0);
+    dlik = 0.0;
+    any_solve = false;
+  }
 
   void add(const Partials& o) {
     add_to(dmw, o.dmw);
@@ -547,14 +559,18 @@ Path cheaper_path(index_t M, index_t B, index_t L) {
 }
 
 // Threads (threads.hpp). An evaluation below kSingleThreadWork flop-equivalents (~0.7 ms on
-// one core) runs on one thread: waking a second costs more than it saves, and on a shared
-// machine every barrier waits for a thread the scheduler may have paused. Above it, the
-// minibatch is cut into column blocks of at least kMinBlockColumns that the threads evaluate
-// independently with single-threaded BLAS, meeting once at the end: one barrier per evaluation
-// instead of one per BLAS call. The O(M^3) work before and after the blocks uses BLAS threads
-// from M = kThreadedM on, where each call is long enough to amortise its barrier.
+// one core) runs on one thread as one block: waking a second costs more than it saves, and on
+// a shared machine every barrier waits for a thread the scheduler may have paused. Above it,
+// the minibatch is cut into kBlocksPerEvaluation column blocks (of at least kMinBlockColumns)
+// that the threads take dynamically and evaluate with single-threaded BLAS: one barrier per
+// evaluation instead of one per BLAS call, and when another process holds a core the thread
+// on the free core takes more of the blocks. The blocks depend on B alone and their partial
+// gradients are summed in block order, so the result does not depend on the thread count.
+// The O(M^3) work before and after the blocks uses BLAS threads from M = kThreadedM on, where
+// each call is long enough to amortise its barrier.
 constexpr double kSingleThreadWork = 3e7;
 constexpr index_t kMinBlockColumns = 64;
+constexpr index_t kBlocksPerEvaluation = 8;
 constexpr index_t kThreadedM = 512;
 // Bounds a block's [M, columns] buffers (about (3 + 2 L) of them) at ~8 MB each.
 constexpr index_t kMaxBlockEntries = index_t{1} << 20;
@@ -575,9 +591,13 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   if (path == Path::Auto) path = cheaper_path(M, B, L);
   const double work = path_cost(path, M, B, L) + 30.0 * M * B + 50.0 * B * L * lik.n_gh;
   const bool one_thread = work < kSingleThreadWork;
-  // Column blocks and the threads that take them (decided before the scope below, which makes
+  // Column blocks, and the threads that take them (decided before the scope below, which makes
   // threads_for answer 1).
-  const int threads = one_thread ? 1 : threads_for(B, kMinBlockColumns);
+  const index_t nb_wanted =
+      one_thread ? B : std::max(kMinBlockColumns, (B + kBlocksPerEvaluation - 1) / kBlocksPerEvaluation);
+  const index_t nb = std::max<index_t>(1, std::min(nb_wanted, kMaxBlockEntries / std::max<index_t>(M * L, 1)));
+  const index_t blocks = (B + nb - 1) / nb;
+  const int threads = one_thread ? 1 : threads_for(blocks, 1);
   // The O(M^3) parts: BLAS threads only for large M.
   const SingleThreadScope serial_scope(one_thread || M < kThreadedM);
 
@@ -596,38 +616,50 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   whitened_parameters(q, LzV, sh.mw, sh.Lw);
   if (path == Path::Precomputed) sh.prepare_precomputed();
 
-  // Blocks go to the threads round-robin (static).
-  const index_t by_threads = (B + threads - 1) / threads;
-  const index_t nb = std::max<index_t>(1, std::min(by_threads, kMaxBlockEntries / std::max<index_t>(M * L, 1)));
-  const index_t blocks = (B + nb - 1) / nb;
   Buffer mu(static_cast<std::size_t>(B * L)), var(static_cast<std::size_t>(B * L)), f(B),
       gmu(static_cast<std::size_t>(B * L)), gvar(static_cast<std::size_t>(B * L)), gpar(B);
   const BlockEvaluator evaluator(sh, kernel, lik, q, batch, wants, mu.data(), var.data(), f.data(), gmu.data(),
                                  gvar.data(), gpar.data());
-  std::vector<Partials> partials(static_cast<std::size_t>(threads));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
-  auto run_blocks = [&](int t) {
+  // Each block's partials go to a per-thread buffer, then into the total in block order.
+  Partials p;
+  std::vector<Partials> scratch(static_cast<std::size_t>(threads));
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  auto run_block = [&](index_t b, int t, BlockWork& work) noexcept {
+    if (failed.load(std::memory_order_relaxed)) return;
     try {
-      const SingleThreadScope block_scope(threads > 1);
-      BlockWork work_buffers;
-      for (index_t b = t; b < blocks; b += threads)
-        evaluator.run(b * nb, std::min(nb, B - b * nb), work_buffers, partials[t]);
+      scratch[t].zero();
+      evaluator.run(b * nb, std::min(nb, B - b * nb), work, scratch[t]);
     } catch (...) {
-      errors[t] = std::current_exception();
+#ifdef _OPENMP
+#pragma omp critical(pygpfast_svgp_block_error)
+#endif
+      if (!failed.exchange(true)) error = std::current_exception();
     }
   };
   if (threads == 1) {
-    run_blocks(0);
+    BlockWork work;
+    for (index_t b = 0; b < blocks && !failed; ++b) {
+      run_block(b, 0, work);
+      p.add(scratch[0]);
+    }
   } else {
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static, 1) num_threads(threads)
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num();
+      const SingleThreadScope block_scope(true);
+      BlockWork work;
+#pragma omp for ordered schedule(dynamic, 1)
+      for (index_t b = 0; b < blocks; ++b) {
+        run_block(b, t, work);
+#pragma omp ordered
+        if (!failed.load(std::memory_order_relaxed)) p.add(scratch[t]);
+      }
+    }
 #endif
-    for (int t = 0; t < threads; ++t) run_blocks(t);
   }
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  Partials& p = partials[0];
-  for (int t = 1; t < threads; ++t) p.add(partials[t]);
+  if (error) std::rethrow_exception(error);
   res.path = sh.precomputed && !p.any_solve ? Path::Precomputed : Path::Solve;
 
   res.expected_log_lik = batch.scale * fixed_order_sum(f.data(), B);

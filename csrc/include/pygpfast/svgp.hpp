@@ -28,12 +28,13 @@
 // relative is redone by Path::Solve. Plus, on either path, O(M^3) for the Cholesky of Kzz and
 // its reverse mode, O(B M D) for the kernel and the per-point expectations.
 //
-// Threads: the minibatch is cut into column blocks that the threads evaluate independently
-// (kernel, marginals, expectations, reverse pass, kernel vjp) with single-threaded BLAS, and
-// their M x M partial gradients are summed once at the end: one barrier per evaluation, so a
-// thread that the scheduler pauses on a shared machine stalls the others once, not at every
-// BLAS call. The O(M^3) work before and after the blocks uses BLAS threads only for M >= 512;
-// an evaluation of under ~3e7 flops runs on one thread altogether (threads.hpp).
+// Threads: the minibatch is cut into up to 8 column blocks that the threads take dynamically and
+// evaluate independently (kernel, marginals, expectations, reverse pass, kernel vjp) with
+// single-threaded BLAS; their M x M partial gradients are summed in block order: one barrier per
+// evaluation, so a thread that the scheduler pauses on a shared machine stalls the others once,
+// not at every BLAS call, and results do not depend on the thread count. The O(M^3) work before
+// and after the blocks uses BLAS threads only for M >= 512; an evaluation of under ~3e7 flops
+// runs on one thread as one block (threads.hpp).
 #pragma once
 
 #include "pygpfast/kernels.hpp"
