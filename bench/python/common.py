@@ -114,6 +114,23 @@ def background_load(enabled):
         p.join(timeout=5)
 
 
+def run_peers_script(peers_dir, peers_python, script, args):
+    """Run one of the peers' drivers (shared/peers/<script>, which runs each backend in its own
+    process) from a writable copy, in the peers' Python; returns its results JSON."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="pygpfast-peers-"))
+    try:
+        shutil.copytree(peers_dir, work / "peers", ignore=shutil.ignore_patterns("results", "__pycache__"))
+        cmd = [peers_python, str(work / "peers" / script), *args, "--name", "run"]
+        subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=""), stdout=subprocess.DEVNULL)
+        return json.loads((work / "peers" / "results" / "run.json").read_text())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def write_json(name, payload):
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

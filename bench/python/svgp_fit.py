@@ -17,9 +17,14 @@ Configurations (``--configs``):
   peers-natgrad natural gradients + Adam (defaults) from the peers' Z0 and kernel.
   name:key=value,...   any other settings, e.g. "ng05:natgrad_step=0.5".
 
+With ``--peers DIR --peers-python PY`` the peers' own driver (DIR/svgp_fit.py: GPflow and GPyTorch,
+Adam lr 0.01, the same data, each in its own process) runs in the same session and its hold-out
+NLPD at the same budgets is printed next to pygpfast's. (Their clock excludes their first step,
+GPflow's tracing; pygpfast's includes its whole fit, k-means initialisation included.)
+
 Usage:
   python bench/python/svgp_fit.py [--threads 1] [--budgets 1,2,5,10] [--repeats 2]
-      [--configs default,peers-adam]
+      [--configs default,peers-adam] [--peers ../shared/peers --peers-python VENV/bin/python]
 """
 
 import argparse
@@ -115,6 +120,8 @@ def main():
     ap.add_argument("--budgets", default="1,2,5,10")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--configs", default="default,peers-adam")
+    ap.add_argument("--peers", default=None, help="directory of the peers' scripts (shared/peers)")
+    ap.add_argument("--peers-python", default=None)
     args = ap.parse_args()
     pygpfast.set_num_threads(args.threads)
     budgets = [float(b) for b in args.budgets.split(",")]
@@ -135,10 +142,25 @@ def main():
             epochs.append({"config": name, "repeat": r, "marks": marks})
             print(common.table(rows, ["budget_s", "train_s", "epoch", "steps", "acc", "nlpd"]), file=sys.stderr)
             print(f"  {name} rep {r}: {rate:.0f} steps/s, load {load0:.1f}->{load1:.1f}", file=sys.stderr)
+    peers = {}
+    if args.peers and args.peers_python:
+        res = common.run_peers_script(args.peers, args.peers_python, "svgp_fit.py",
+                                      ["--threads", str(args.threads), "--repeats", str(args.repeats),
+                                       "--budgets", ",".join(f"{b:g}" for b in budgets),
+                                       "--backends", "gpflow,gpytorch"])
+        peers = res.get("summary", {})
+        for backend, by_budget in peers.items():
+            for b in budgets:
+                s = by_budget.get(str(b)) or by_budget.get(f"{b:g}")
+                if s:
+                    results.append({"config": backend, "repeat": "median", "optimizer": "adam 0.01", "budget_s": b,
+                                    "train_s": float("nan"), "steps": s["steps_median"],
+                                    "steps_per_s": s["steps_per_s_median"], "acc": s["acc_median"],
+                                    "nlpd": s["nlpd_median"], "load": "-"})
     print(common.table(results, ["config", "repeat", "optimizer", "budget_s", "train_s", "steps", "steps_per_s",
                                  "acc", "nlpd", "load"]))
     common.write_json("svgp_fit", {"context": common.context(args.threads), "budgets": budgets,
-                                   "bayes_nlpd": data[5], "results": results, "epochs": epochs})
+                                   "bayes_nlpd": data[5], "results": results, "epochs": epochs, "peers": peers})
 
 
 if __name__ == "__main__":

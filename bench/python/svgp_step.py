@@ -20,12 +20,7 @@ Usage:
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
@@ -86,24 +81,16 @@ def bench_pygpfast(grid, whiten, load):
 
 
 def run_peers(peers_dir, peers_python, threads, grid, whiten):
-    """Run the peers' own driver on a writable copy of their scripts; return {backend: {key: row}}."""
-    work = Path(tempfile.mkdtemp(prefix="pygpfast-peers-"))
-    shutil.copytree(peers_dir, work / "peers", ignore=shutil.ignore_patterns("results", "__pycache__"))
-    cmd = [peers_python, str(work / "peers" / "svgp_step.py"), "--threads", str(threads),
-           "--backends", "gpflow,gpytorch", "--rounds", "1", "--name", "run",
-           "--grid", ",".join(f"{M}:{B}" for M, B in grid)]
-    if not whiten:
-        cmd.append("--unwhitened")
-    env = dict(os.environ, PYTHONPATH="")
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-    res = json.loads((work / "peers" / "results" / "run.json").read_text())
+    """The peers' own svgp_step driver in the same session; returns {backend: {key: row}}."""
+    args = ["--threads", str(threads), "--backends", "gpflow,gpytorch", "--rounds", "1",
+            "--grid", ",".join(f"{M}:{B}" for M, B in grid)] + ([] if whiten else ["--unwhitened"])
+    res = common.run_peers_script(peers_dir, peers_python, "svgp_step.py", args)
     out = {}
     for backend, entries in res["combined"].items():
         for key, e in entries.items():
             if isinstance(e, dict) and "summary" in e:
                 out.setdefault(backend, {})[key] = {"median_s": e["summary"]["median"],
                                                     "elbo_per_datum": e["elbo_per_datum"]}
-    shutil.rmtree(work, ignore_errors=True)
     return out
 
 
