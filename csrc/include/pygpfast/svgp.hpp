@@ -33,7 +33,7 @@
 // single-threaded BLAS; their M x M partial gradients are summed in block order: one barrier per
 // evaluation, so a thread that the scheduler pauses on a shared machine stalls the others once,
 // not at every BLAS call, and results do not depend on the thread count. The O(M^3) work before
-// and after the blocks uses BLAS threads only for M >= 512; an evaluation of under ~3e7 flops
+// and after the blocks uses BLAS threads only for M >= 256; an evaluation of under ~3e7 flops
 // runs on one thread as one block (threads.hpp).
 #pragma once
 
