@@ -499,7 +499,8 @@ class Inference {
           }
         }
       }
-      const bool small = gained <= std::max(opt_.tol, 0.0) * std::max(1.0, std::fabs(psi0));
+      const double enough = std::max(opt_.tol, 0.0) * std::max(1.0, std::fabs(psi0));
+      const bool small = gained <= enough;
       if (gained >= 0.0) {
         std::copy(try_m.begin(), try_m.end(), m_.begin());
         std::copy(try_a.begin(), try_a.end(), alpha_);
@@ -510,8 +511,19 @@ class Inference {
           continue;
         }
         if (small) break;
-        // Cheap steps converge linearly; switch when they stop paying (cut or slow).
-        if (t < 1.0 || (it > 0 && gained > 0.1 * last_gain)) exact = true;
+        // Cheap steps converge linearly, with gains shrinking by about rate = gained /
+        // last_gain per step. Switch when a step was cut, or when the cheap steps still needed
+        // (log(enough / gained) / log(rate)) would cost more than exact ones: an exact step
+        // costs N^3/3 + 4 N^2 flops (the Cholesky of B and two SYMVs), a cheap one 4 L N^2.
+        // The multinomial bound's cheap step has a Cholesky of its own: switch once slow.
+        if (t < 1.0) exact = true;
+        if (!exact && it > 0 && gained > 0.1 * last_gain) {
+          const double rate = gained / last_gain;
+          const double cheap_cost = 4.0 * static_cast<double>(L);
+          const double exact_cost = static_cast<double>(N) / 3.0 + 4.0;
+          exact = multinomial || rate >= 1.0 ||
+                  std::log(enough / gained) / std::log(rate) * cheap_cost > exact_cost;
+        }
         last_gain = gained;
       } else {
         settled = small ? settled + 1 : 0;
@@ -667,8 +679,9 @@ Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrix
   Buffer Sigma(static_cast<std::size_t>(N * N));
   MatrixView S(Sigma.data(), N, N);
   kernel.K(X, X, true, S);
+  Buffer diag(static_cast<std::size_t>(N));  // K(X, X)'s own diagonal, for the kernel's vjp
   double mean_diag = 0.0;
-  for (index_t i = 0; i < N; ++i) mean_diag += S(i, i);
+  for (index_t i = 0; i < N; ++i) mean_diag += diag[i] = S(i, i);
   for (index_t i = 0; i < N; ++i) S(i, i) += jitter * mean_diag / static_cast<double>(N);
   Inference inf(lb, y, S, mean, alpha, lambda, opt);
   Result res = inf.run();
@@ -694,7 +707,8 @@ Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrix
   if (grads == nullptr) return res;
   require(grads->kernel != nullptr, "cvi: fit_step needs an output for the kernel gradient");
   std::fill(grads->kernel, grads->kernel + kernel.num_params(), 0.0);
-  kernel.K_vjp(X, X, true, ConstMatrixView(G.data(), N, N), grads->kernel, nullptr, nullptr);
+  for (index_t i = 0; i < N; ++i) S(i, i) = diag[i];  // the inference is done with Sigma
+  kernel.K_vjp(X, X, true, ConstMatrixView(G.data(), N, N), S, grads->kernel, nullptr, nullptr);
   if (grads->mean != nullptr)
     for (index_t l = 0; l < L; ++l) grads->mean[l] = fixed_order_sum(alpha + l * N, N);
   if (grads->thresholds != nullptr && lb.type == LocalBoundType::Ordinal) {

@@ -30,9 +30,10 @@
 //      the likelihoods that are Gaussian expectations the Hessian's likelihood part is
 //      W = -2 g^v = lambda after a sweep, so (Omega + W)^-1 = V and a step costs two SYMVs; for
 //      the multinomial bound W = diag(p) - p p^T per point and a Woodbury correction through
-//      one N x N Cholesky makes the step joint over the C latents. When such steps are cut by
-//      the line search or converge slowly, exact GPML-style steps take over (B = I + W^1/2
-//      Sigma W^1/2, one latent at a time).
+//      one N x N Cholesky makes the step joint over the C latents. When such a step is cut by
+//      the line search, or when the cheap steps converge so slowly that the ones still needed
+//      would cost more flops than exact steps, exact GPML-style steps take over (B = I +
+//      W^1/2 Sigma W^1/2, N^3/3 flops, one latent at a time).
 // Blocked form of (a): the coordinates of a block J of b points are updated one after another
 // exactly as above using only the b x b block of V (O(b^2) each), and the accumulated rank-b
 // update V += U diag(s) U^T is applied at the end of the block with two SYRKs (BLAS 3). The
