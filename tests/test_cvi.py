@@ -82,6 +82,21 @@ def test_hyperparameter_learning_raises_the_bound_and_pickles(ionosphere):
     assert np.array_equal(copy.predict_proba(Xte), clf.predict_proba(Xte))
 
 
+def test_default_search_tolerance_reaches_the_tight_optimum(rng):
+    # The search stops at 100 tol (default tol = 1e-8): the bound and the predictions must be
+    # those of a search run to 1e-12.
+    X = rng.standard_normal((150, 3))
+    y = (rng.random(150) < special.expit(3.0 * np.sin(X[:, 0]) + X[:, 1])).astype(int)
+    Xte = rng.standard_normal((50, 3))
+    kernel = RBF(variance=1.0, lengthscale=[1.0] * 3)
+    default = VGPClassifier(kernel=kernel).fit(X, y)
+    tight = VGPClassifier(kernel=kernel, tol=1e-12, max_iter=500).fit(X, y)
+    assert tight.n_evaluations_ > default.n_evaluations_
+    assert default.bound_ <= tight.bound_ + 1e-9 * abs(tight.bound_)
+    assert default.bound_ == pytest.approx(tight.bound_, rel=1e-5)
+    assert np.abs(default.predict_proba(Xte) - tight.predict_proba(Xte)).max() < 2e-3
+
+
 def test_linear_bound_gives_a_lower_bound_within_its_error(ionosphere):
     """Both piecewise bounds give lower bounds on the same ELBO; the looser linear one (max
     error 3.3e-3 at R = 20, against 1.4e-4) can be below the quadratic one by at most N times
