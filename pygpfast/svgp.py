@@ -532,8 +532,9 @@ _COMMON_DOC = """
         about one epoch, which tracks the moving hyperparameters while averaging out the
         minibatch noise.
     max_iter : int, default 1000
-        L-BFGS-B iterations, or epochs (passes of ceil(N / B) minibatch steps) for the
-        stochastic optimisers.
+        L-BFGS-B iterations of the main stage (the first stage, q alone with Z and the
+        hyperparameters frozen, adds up to min(max_iter / 4, 100)), or epochs (passes of
+        ceil(N / B) minibatch steps) for the stochastic optimisers.
     tol : float, default 1e-6
         Convergence tolerance on the ELBO per row: L-BFGS-B stops when an iteration changes it
         by less than tol (relative to max(1, |ELBO / N|); scipy's ftol); the stochastic
@@ -569,7 +570,7 @@ _COMMON_ATTRIBUTES = """
     history_ : list of float
         The ELBO after every iteration (as for elbo_).
     n_iter_ : int
-        L-BFGS-B iterations, epochs, or partial_fit calls.
+        L-BFGS-B iterations of both stages, epochs, or partial_fit calls.
     n_steps_ : int
         Optimiser steps (minibatch steps for the stochastic optimisers).
     optimizer_ : str
