@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from scipy import integrate, special
 
+import pygpfast
 from pygpfast import LinAlgError, _core, cvi
 from pygpfast.kernels import RBF, White
 from pygpfast.piecewise import llp_bound
@@ -271,6 +272,22 @@ def test_blocked_updates_give_the_iterates_of_the_literal_algorithm():
         assert np.allclose(r.V, runs[0].V, atol=1e-11)
     # the literal algorithm: one rank-one update (2 N^2 -> N^2 on one triangle) per coordinate
     assert runs[0].info["flops"] > 0
+
+
+def test_threaded_rank_b_updates_do_not_depend_on_the_thread_count(restore_threads):
+    # N = 700: each block's update of V (3.5e7 flops) is split into column panels that
+    # the threads take dynamically; V = (K^-1 + Lambda)^-1 built from given site precisions by
+    # those updates alone (max_iter = 0) must be bitwise the same on 1 and 2 threads, and right.
+    X, y, kernel, lb = _problem("logit", N=700, variance=3.0)
+    Sigma = kernel(X)
+    lam = np.random.default_rng(1).uniform(0.05, 2.0, (1, 700))
+    Vs = []
+    for n in (1, 2):
+        pygpfast.set_num_threads(n)
+        Vs.append(cvi.infer(Sigma, y, lb, lambda_=lam, max_iter=0, return_V=True).V[0])
+    assert np.array_equal(Vs[0], Vs[1])
+    ref = np.linalg.inv(np.linalg.inv(Sigma) + np.diag(lam[0]))
+    assert np.abs(Vs[0] - ref).max() < 1e-9 * np.abs(ref).max()
 
 
 def test_bound_never_decreases_for_large_prior_variance():

@@ -11,6 +11,7 @@
 #include "pygpfast/blas.hpp"
 #include "pygpfast/errors.hpp"
 #include "pygpfast/linalg.hpp"
+#include "pygpfast/threads.hpp"
 
 namespace pygpfast::cvi {
 namespace {
@@ -21,6 +22,12 @@ using blas::Trans;
 using blas::Uplo;
 using Buffer = std::vector<double>;
 using Clock = std::chrono::steady_clock;
+
+// The sweeps' rank-b updates of V (Inference::add_lower_update): column panels of N / 8
+// columns within these bounds, and threads only for updates of at least this many flops (at
+// N = 2000 and b = 64 one update is 2.6e8 flops).
+constexpr index_t kMinUpdatePanel = 64, kMaxUpdatePanel = 256;
+constexpr double kParallelUpdateFlops = 3e7;
 
 // Work counted for Result::flops and Result::bound_evaluations.
 struct Counter {
@@ -294,10 +301,10 @@ class Inference {
       refresh_variances(l);
       return;
     }
-    Buffer W0(static_cast<std::size_t>(b * N)), U(static_cast<std::size_t>(b * N));
+    Buffer W0(static_cast<std::size_t>(b * N));
     Buffer G(static_cast<std::size_t>(b * b)), Cm(static_cast<std::size_t>(b * b));
     Buffer Ub(static_cast<std::size_t>(b * b)), s(static_cast<std::size_t>(b));
-    Buffer Upos(static_cast<std::size_t>(b * N)), Uneg(static_cast<std::size_t>(b * N));
+    Buffer U(static_cast<std::size_t>(b * N)), Us(static_cast<std::size_t>(b * N));
     for (index_t J0 = 0; J0 < N; J0 += b) {
       const index_t nb = std::min(b, N - J0);
       // W0 row t = column J0 + t of V, read from the lower triangle; G = V[J, J].
@@ -325,23 +332,61 @@ class Inference {
             for (index_t q = 0; q < nb; ++q) G[r * nb + q] += w * Ub[q * nb + t];
           }
       }
-      // U rows = c_t^T W0 (U = Cm^T W0), then V_lower += U^T diag(s) U by sign.
-      blas::gemm(Trans::Yes, Trans::No, 1.0, ConstMatrixView(Cm.data(), nb, nb),
-                 ConstMatrixView(W0.data(), nb, N), 0.0, MatrixView(U.data(), nb, N));
-      index_t np = 0, nn = 0;
+      // U rows = c_t^T W0 (U = Cm^T W0), then V_lower += U^T diag(s) U over the rows with
+      // s != 0 (moved to the front, with s u_t in Us).
+      {
+        const SingleThreadScope small_product(true);
+        blas::gemm(Trans::Yes, Trans::No, 1.0, ConstMatrixView(Cm.data(), nb, nb),
+                   ConstMatrixView(W0.data(), nb, N), 0.0, MatrixView(U.data(), nb, N));
+      }
+      index_t k = 0;
       for (index_t t = 0; t < nb; ++t) {
         if (s[t] == 0.0) continue;
-        const double root = std::sqrt(std::fabs(s[t]));
-        double* dst = s[t] > 0.0 ? Upos.data() + (np++) * N : Uneg.data() + (nn++) * N;
-        const double* src = U.data() + t * N;
-        for (index_t p = 0; p < N; ++p) dst[p] = root * src[p];
+        double* dst = U.data() + k * N;
+        if (k != t) std::copy(U.data() + t * N, U.data() + (t + 1) * N, dst);
+        double* scaled = Us.data() + k * N;
+        for (index_t p = 0; p < N; ++p) scaled[p] = s[t] * dst[p];
+        ++k;
       }
-      if (np > 0) blas::syrk(Uplo::Lower, Trans::Yes, 1.0, ConstMatrixView(Upos.data(), np, N), 1.0, V);
-      if (nn > 0) blas::syrk(Uplo::Lower, Trans::Yes, -1.0, ConstMatrixView(Uneg.data(), nn, N), 1.0, V);
-      count_.add(2.0 * static_cast<double>(nb) * nb * N +
-                 static_cast<double>(np + nn) * N * N + 4.0 * static_cast<double>(nb) * nb * nb);
+      add_lower_update(V, U.data(), Us.data(), k);
+      count_.add(2.0 * static_cast<double>(nb) * nb * N + 4.0 * static_cast<double>(nb) * nb * nb);
     }
     refresh_variances(l);
+  }
+
+  // V's lower triangle += A^T B for A, B [k, N] (row-major, leading dimension N): GEMMs on
+  // column panels (N / 8 columns, see kMinUpdatePanel), rows from the panel's first column down (the
+  // panel's diagonal block is computed whole; its upper part is never read during a sweep).
+  // The panels go to the threads dynamically, each running single-threaded BLAS: with a core
+  // taken by another process the free thread does most of the panels, where one BLAS call
+  // split in halves would wait for its descheduled half. The result does not depend on the
+  // thread count. Updates below kParallelUpdateFlops stay on the calling thread.
+  void add_lower_update(MatrixView V, const double* A, const double* B, index_t k) {
+    if (k == 0) return;
+    const index_t N = V.rows;
+    const index_t width = std::clamp<index_t>(N / 8, kMinUpdatePanel, kMaxUpdatePanel);
+    const index_t panels = (N + width - 1) / width;
+    const double flops = 2.0 * k * (static_cast<double>(N) * N / 2.0 + N * width / 2.0);
+    [[maybe_unused]] const int nt = flops >= kParallelUpdateFlops ? threads_for(panels, 1) : 1;
+    auto panel = [&](index_t q) {
+      const index_t c0 = q * width, w = std::min(width, N - c0);
+      blas::gemm(Trans::Yes, Trans::No, 1.0, ConstMatrixView(A + c0, k, N - c0, N),
+                 ConstMatrixView(B + c0, k, w, N), 1.0, MatrixView(V.data + c0 * N + c0, N - c0, w, N));
+    };
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) if (nt > 1)
+#endif
+    {
+      const SingleThreadScope serial_blas(true);
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+      for (index_t q = 0; q < panels; ++q) panel(q);
+    }
+    for (index_t q = 0; q < panels; ++q) {
+      const index_t c0 = q * width;
+      count_.add(2.0 * static_cast<double>(k) * (N - c0) * std::min(width, N - c0));
+    }
   }
 
   // The scalar problem of coordinate (l, i) (eq. 16): maximise
