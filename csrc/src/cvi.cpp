@@ -24,8 +24,8 @@ using Buffer = std::vector<double>;
 using Clock = std::chrono::steady_clock;
 
 // The sweeps' rank-b updates of V (Inference::add_lower_update): column panels of N / 8
-// columns within these bounds, and threads only for updates of at least this many flops (at
-// N = 2000 and b = 64 one update is 2.6e8 flops).
+// columns within these bounds, and threads only for updates of at least this many flops
+// (b N^2: 2.6e8 at N = 2000 and b = 64).
 constexpr index_t kMinUpdatePanel = 64, kMaxUpdatePanel = 256;
 constexpr double kParallelUpdateFlops = 3e7;
 
@@ -304,7 +304,8 @@ class Inference {
     Buffer W0(static_cast<std::size_t>(b * N));
     Buffer G(static_cast<std::size_t>(b * b)), Cm(static_cast<std::size_t>(b * b));
     Buffer Ub(static_cast<std::size_t>(b * b)), s(static_cast<std::size_t>(b));
-    Buffer U(static_cast<std::size_t>(b * N)), Us(static_cast<std::size_t>(b * N));
+    Buffer U(static_cast<std::size_t>(b * N)), R(static_cast<std::size_t>(b * N)),
+        Us(static_cast<std::size_t>(b * N));
     for (index_t J0 = 0; J0 < N; J0 += b) {
       const index_t nb = std::min(b, N - J0);
       // W0 row t = column J0 + t of V, read from the lower triangle; G = V[J, J].
@@ -342,36 +343,61 @@ class Inference {
       index_t k = 0;
       for (index_t t = 0; t < nb; ++t) {
         if (s[t] == 0.0) continue;
-        double* dst = U.data() + k * N;
-        if (k != t) std::copy(U.data() + t * N, U.data() + (t + 1) * N, dst);
-        double* scaled = Us.data() + k * N;
-        for (index_t p = 0; p < N; ++p) scaled[p] = s[t] * dst[p];
-        ++k;
+        if (k != t) std::copy(U.data() + t * N, U.data() + (t + 1) * N, U.data() + k * N);
+        s[k++] = s[t];
       }
-      add_lower_update(V, U.data(), Us.data(), k);
+      add_lower_update(V, U.data(), s.data(), k, R.data(), Us.data());
       count_.add(2.0 * static_cast<double>(nb) * nb * N + 4.0 * static_cast<double>(nb) * nb * nb);
     }
     refresh_variances(l);
   }
 
-  // V's lower triangle += A^T B for A, B [k, N] (row-major, leading dimension N): GEMMs on
-  // column panels (N / 8 columns, see kMinUpdatePanel), rows from the panel's first column down (the
-  // panel's diagonal block is computed whole; its upper part is never read during a sweep).
-  // The panels go to the threads dynamically, each running single-threaded BLAS: with a core
-  // taken by another process the free thread does most of the panels, where one BLAS call
-  // split in halves would wait for its descheduled half. The result does not depend on the
-  // thread count. Updates below kParallelUpdateFlops stay on the calling thread.
-  void add_lower_update(MatrixView V, const double* A, const double* B, index_t k) {
+  // V's lower triangle += U^T diag(s) U for the rows U [k, N] (row-major, leading dimension N;
+  // s != 0), with scratch R, W [k, N]: R's rows are sqrt(s) u (s > 0) then sqrt(-s) u (s < 0),
+  // so that the update is R+^T R+ - R-^T R-, and W = diag(s) U.
+  //  * Updates of at least kParallelUpdateFlops: column panels of N / 8 columns (within
+  //    [kMinUpdatePanel, kMaxUpdatePanel]), each its diagonal block by two SYRKs and the rows
+  //    below by one GEMM. The threads take the panels dynamically, each with single-threaded
+  //    BLAS: with a core taken by another process the free thread does most of them, where a
+  //    BLAS call split in halves waits for its descheduled half. The panels are the same on any
+  //    number of threads, and so is the result.
+  //  * Smaller ones: two SYRKs on all of V.
+  void add_lower_update(MatrixView V, const double* U, const double* s, index_t k, double* R,
+                        double* W) {
     if (k == 0) return;
     const index_t N = V.rows;
+    index_t np = 0;
+    for (index_t t = 0; t < k; ++t) np += s[t] > 0.0;
+    for (index_t t = 0, ip = 0, in = np; t < k; ++t) {
+      const double root = std::sqrt(std::fabs(s[t]));
+      double* dst = R + (s[t] > 0.0 ? ip++ : in++) * N;
+      for (index_t p = 0; p < N; ++p) dst[p] = root * U[t * N + p];
+    }
+    count_.add(static_cast<double>(k) * N * N);
+    // The lower triangle of V[c0:c0+w, c0:c0+w] += R+^T R+ - R-^T R- on those columns.
+    auto diagonal = [&](index_t c0, index_t w) {
+      const MatrixView D(V.data + c0 * N + c0, w, w, N);
+      if (np > 0) blas::syrk(Uplo::Lower, Trans::Yes, 1.0, ConstMatrixView(R + c0, np, w, N), 1.0, D);
+      if (np < k)
+        blas::syrk(Uplo::Lower, Trans::Yes, -1.0, ConstMatrixView(R + np * N + c0, k - np, w, N),
+                   1.0, D);
+    };
     const index_t width = std::clamp<index_t>(N / 8, kMinUpdatePanel, kMaxUpdatePanel);
     const index_t panels = (N + width - 1) / width;
-    const double flops = 2.0 * k * (static_cast<double>(N) * N / 2.0 + N * width / 2.0);
-    [[maybe_unused]] const int nt = flops >= kParallelUpdateFlops ? threads_for(panels, 1) : 1;
+    if (static_cast<double>(k) * N * N < kParallelUpdateFlops) {
+      diagonal(0, N);
+      return;
+    }
+    [[maybe_unused]] const int nt = threads_for(panels, 1);
+    for (index_t t = 0; t < k; ++t)
+      for (index_t p = 0; p < N; ++p) W[t * N + p] = s[t] * U[t * N + p];
     auto panel = [&](index_t q) {
-      const index_t c0 = q * width, w = std::min(width, N - c0);
-      blas::gemm(Trans::Yes, Trans::No, 1.0, ConstMatrixView(A + c0, k, N - c0, N),
-                 ConstMatrixView(B + c0, k, w, N), 1.0, MatrixView(V.data + c0 * N + c0, N - c0, w, N));
+      const index_t c0 = q * width, w = std::min(width, N - c0), below = c0 + w;
+      diagonal(c0, w);
+      if (below < N)
+        blas::gemm(Trans::Yes, Trans::No, 1.0, ConstMatrixView(U + below, k, N - below, N),
+                   ConstMatrixView(W + c0, k, w, N), 1.0,
+                   MatrixView(V.data + below * N + c0, N - below, w, N));
     };
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -382,10 +408,6 @@ class Inference {
 #pragma omp for schedule(dynamic, 1)
 #endif
       for (index_t q = 0; q < panels; ++q) panel(q);
-    }
-    for (index_t q = 0; q < panels; ++q) {
-      const index_t c0 = q * width;
-      count_.add(2.0 * static_cast<double>(k) * (N - c0) * std::min(width, N - c0));
     }
   }
 

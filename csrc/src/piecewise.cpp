@@ -8,19 +8,19 @@
 
 #include "pygpfast/errors.hpp"
 #include "pygpfast/threads.hpp"
+#include "pygpfast/vmath.hpp"
 
 namespace pygpfast::piecewise {
 namespace {
 
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
-constexpr double kInvSqrt2 = 0.70710678118654752440;    // 1 / sqrt(2)
 
 // Beyond this many standard deviations phi(z) and the tail Q(z) are below 1e-347: they are set to
 // exactly 0 (as are z phi(z) and z^2 phi(z)), so that huge z never forms inf * 0.
 constexpr double kTailCut = 40.0;
 
 // A loop over points is split across threads only when each thread gets at least this many
-// breakpoint evaluations (one erfc and one exp each).
+// breakpoint evaluations (an erfc series and two exps each).
 constexpr index_t kMinEvaluationsPerThread = 4096;
 
 // The standardised breakpoint z = (t - m) / s with phi(z) and the small tail Q(|z|) = P(Z > |z|).
@@ -30,9 +30,24 @@ struct Knot {
   double tail;
 };
 
-Knot knot_at(double z) {
-  if (!(std::fabs(z) < kTailCut)) return {z, 0.0, 0.0};  // also z = +-inf
-  return {z, kInvSqrt2Pi * std::exp(-0.5 * z * z), 0.5 * std::erfc(std::fabs(z) * kInvSqrt2)};
+// The interior breakpoints' Knots for x ~ N(m, s^2): z[k], phi[k], tail[k] for knots[k + 1],
+// k < R - 1, as one loop the compiler vectorises (vmath's exp and erfc series: phi = e^{-z^2/2}
+// / sqrt(2 pi) and Q(|z|) = erfc(|z| / sqrt 2) / 2 = t e^P e^{-z^2/2} / 2 share one exp).
+// Beyond kTailCut both are 0.
+PYGPFAST_SIMD_CLONES void interior_knots(const double* knots, index_t R, double m, double s,
+                                         double* z, double* phi, double* tail) {
+#pragma omp simd
+  for (index_t k = 0; k < R - 1; ++k) {
+    const double zk = (knots[k + 1] - m) / s;
+    const double inside = std::fabs(zk) < kTailCut ? 1.0 : 0.0;
+    const double zc = inside != 0.0 ? zk : 0.0;
+    double t, P;
+    vmath::detail::erfcx_series(zc, t, P);
+    const double g = vmath::exp(-0.5 * zc * zc);
+    z[k] = zk;
+    phi[k] = inside * kInvSqrt2Pi * g;
+    tail[k] = inside * 0.5 * t * vmath::exp(P) * g;
+  }
 }
 
 // P(lo <= Z < hi) for Z ~ N(0, 1) from the small tails, so that no digit is lost when both limits
@@ -71,9 +86,20 @@ Expectation expected_at(const Bound& bound, double m, double v) {
   const double s = std::sqrt(v);
   double value = 0.0, dm = 0.0, dv = 0.0;
   double jump_m = 0.0, jump_v = 0.0;  // sum_k phi_k dq_k and sum_k phi_k (dq_k z_k / s + dq'_k)
+  constexpr index_t kStack = 64;
+  double stack[3 * kStack];
+  std::vector<double> heap;
+  double* zs = stack;
+  if (R - 1 > kStack) {
+    heap.resize(static_cast<std::size_t>(3 * (R - 1)));
+    zs = heap.data();
+  }
+  const index_t stride = R - 1 > kStack ? R - 1 : kStack;
+  double *phis = zs + stride, *tails = zs + 2 * stride;
+  interior_knots(bound.knots.data(), R, m, s, zs, phis, tails);
   Knot lo{-std::numeric_limits<double>::infinity(), 0.0, 0.0};
   for (index_t r = 0; r < R; ++r) {
-    const Knot hi = r + 1 < R ? knot_at((bound.knots[r + 1] - m) / s)
+    const Knot hi = r + 1 < R ? Knot{zs[r], phis[r], tails[r]}
                               : Knot{std::numeric_limits<double>::infinity(), 0.0, 0.0};
     const double a = bound.a[r], b = bound.b[r], c = bound.c[r];
     const double m0 = mass_between(lo, hi);

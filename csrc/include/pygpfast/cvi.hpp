@@ -36,14 +36,14 @@
 //      W^1/2 Sigma W^1/2, N^3/3 flops, one latent at a time).
 // Blocked form of (a): the coordinates of a block J of b points are updated one after another
 // exactly as above using only the b x b block of V (O(b^2) each), and the accumulated rank-b
-// update V += U diag(s) U^T is applied at the end of the block by GEMMs on column panels of
-// V's lower triangle (BLAS 3), which the threads take dynamically with single-threaded BLAS
-// (with another process on one of two cores the free thread does most of the panels: the fit
-// of bench/python/cvi_vs_sklearn.py at N = 2000 slowed 1.5x where two-thread SYRKs slowed it
-// 2.2x). The iterates are those of the literal rank-one algorithm (block_size = 1, BLAS 2, one
-// DSYR per coordinate), with N^3 flops per sweep (plus N^2 w for the upper halves of the
-// panels' w x w diagonal blocks, w = N / 8 within [64, 256]) run as BLAS 3 instead of
-// memory-bound BLAS 2. Only the lower triangle of V is updated during a sweep.
+// update V += U diag(s) U^T is applied at the end of the block (BLAS 3): by two SYRKs (one per
+// sign of s), or, for big updates on two threads, by column panels of V's lower triangle (the
+// diagonal block by SYRKs, the rows below by a GEMM) which the threads take dynamically with
+// single-threaded BLAS (with another process on one of two cores the free thread does most of
+// the panels: the fit of bench/python/cvi_vs_sklearn.py at N = 2000 slowed 1.5x where
+// two-thread SYRKs slowed it 2.2x). The iterates are those of the literal rank-one algorithm
+// (block_size = 1, BLAS 2, one DSYR per coordinate), with the same N^3 flops per sweep run as
+// BLAS 3 instead of memory-bound BLAS 2. Only the lower triangle of V is updated during a sweep.
 //
 // Guards. The seed's argument that each scalar problem is concave does not hold for the
 // piecewise bounds (its expectation is not jointly concave in (m, v), and the bound jumps at its
