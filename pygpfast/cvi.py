@@ -324,7 +324,7 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
     """L-BFGS-B over (alpha, lambda >= 0) on eq. (11), recording the bound per iteration."""
     L, N = alpha.shape
     args = lb._core_args()
-    state = {"flops": 0.0, "evals": 0.0, "x": None, "value": None}
+    state = {"flops": 0.0, "evals": 0.0, "x": None, "value": None}  # x, value: the last call
     start = time.perf_counter()
 
     def objective(x):
@@ -350,9 +350,12 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
         options={"maxiter": int(max_iter), "maxfun": 20 * int(max_iter) + 20,
                  "ftol": float(tol), "gtol": 1e-12, "maxcor": 10})
     x = res.x
-    value, da, dl, _, _ = _core.cvi_oa_objective(
-        *args, y, Sigma, mean, np.ascontiguousarray(x[: L * N].reshape(L, N)),
-        np.ascontiguousarray(x[L * N:].reshape(L, N)))
+    if np.array_equal(state["x"], x):  # L-BFGS-B usually returns its last evaluated point
+        value = state["value"]
+    else:
+        value = _core.cvi_oa_objective(
+            *args, y, Sigma, mean, np.ascontiguousarray(x[: L * N].reshape(L, N)),
+            np.ascontiguousarray(x[L * N:].reshape(L, N)))[0]
     info = {"bound": value, "iterations": int(res.nit), "converged": bool(res.success),
             "flops": state["flops"], "bound_evaluations": state["evals"],
             "function_evaluations": int(res.nfev), "message": str(res.message)}

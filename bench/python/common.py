@@ -14,12 +14,11 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def data_dir():
-    """The shared data folder (../shared/data next to the repository), or exit."""
-    here = Path(__file__).resolve()
-    for cand in (here.parents[2] / ".." / "shared" / "data", Path("/work/shared/data")):
-        if cand.is_dir():
-            return cand
-    raise SystemExit("shared/data not found")
+    """The shared data folder, ``../shared/data`` from the repository root, or exit."""
+    path = Path(__file__).resolve().parents[3] / "shared" / "data"
+    if not path.is_dir():
+        raise SystemExit(f"data not found: {path} (the benchmarks need shared/data)")
+    return path
 
 
 def cpu_model():

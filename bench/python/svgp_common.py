@@ -19,14 +19,6 @@ import pygpfast
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 
 
-def data_dir():
-    """``shared/data`` beside the repository (``../shared/data`` from the repo root)."""
-    path = Path(__file__).resolve().parents[3] / "shared" / "data"
-    if not path.is_dir():
-        raise SystemExit(f"data not found: {path} (the experiments need shared/data)")
-    return path
-
-
 def load_ratsch(name, n_folds=10, seed=0, published=True):
     """A Rätsch benchmark set and its train/test splits.
 
@@ -40,7 +32,7 @@ def load_ratsch(name, n_folds=10, seed=0, published=True):
     how : str
         Which of the two, for the record.
     """
-    d = np.load(data_dir() / f"ratsch_{name}.npz")
+    d = np.load(common.data_dir() / f"ratsch_{name}.npz")
     X, y = np.asarray(d["X"], dtype=np.float64), np.asarray(d["y"])
     if name == "twonorm":
         # The file holds the raw DELVE values; Rätsch's sets are z-scored per feature (ddof=1).

@@ -31,7 +31,7 @@ PAPER_MNIST = {"acc": 0.978, "nlp": 0.069}
 
 
 def load_usps():
-    d = np.load(svgp_common.data_dir() / "usps_full.npz")
+    d = np.load(common.data_dir() / "usps_full.npz")
     return (np.asarray(d["X_train"], dtype=np.float64), np.asarray(d["y_train"], dtype=np.int64),
             np.asarray(d["X_test"], dtype=np.float64), np.asarray(d["y_test"], dtype=np.int64))
 

@@ -5,9 +5,11 @@
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <vector>
 
 #include "pygpfast/kernels.hpp"
 #include "pygpfast/likelihoods.hpp"
+#include "pygpfast/piecewise.hpp"
 #include "pygpfast/view.hpp"
 
 namespace pygpfast::bind {
@@ -62,6 +64,12 @@ inline py::array_t<double> new_vector(index_t n) {
   return py::array_t<double>(static_cast<py::ssize_t>(n));
 }
 
+// A new C-ordered float64 array [n0, n1, n2] (e.g. L matrices [N, N]).
+inline py::array_t<double> new_array3(index_t n0, index_t n1, index_t n2) {
+  return py::array_t<double>(
+      {static_cast<py::ssize_t>(n0), static_cast<py::ssize_t>(n1), static_cast<py::ssize_t>(n2)});
+}
+
 inline MatrixView view_of(py::array_t<double>& a) {
   return MatrixView(a.mutable_data(), a.shape(0), a.shape(1));
 }
@@ -85,6 +93,24 @@ inline kernels::Kernel make_kernel(const py::array& codes, const py::array& para
   const std::int32_t* c = as_int32_vector(codes, "codes");
   const double* p = as_vector(params, "params");
   return kernels::Kernel(c, codes.shape(0), p, params.shape(0), input_dim);
+}
+
+// A copy of a 1-D float64 array.
+inline std::vector<double> to_std_vector(const py::array& a, const char* name) {
+  const double* p = as_vector(a, name);
+  return std::vector<double>(p, p + a.shape(0));
+}
+
+// The piecewise bound with breakpoints `knots` [R + 1] and coefficients a, b, c [R] (copied;
+// validated by the core functions that take it).
+inline piecewise::Bound make_piecewise_bound(const py::array& knots, const py::array& a,
+                                             const py::array& b, const py::array& c) {
+  piecewise::Bound bound;
+  bound.knots = to_std_vector(knots, "knots");
+  bound.a = to_std_vector(a, "a");
+  bound.b = to_std_vector(b, "b");
+  bound.c = to_std_vector(c, "c");
+  return bound;
 }
 
 // The core likelihood for (kind, variance, n_gh, num_classes), validated

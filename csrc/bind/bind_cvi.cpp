@@ -1,16 +1,9 @@
-#include <vector>
-
 #include "bind_common.hpp"
 #include "pygpfast/cvi.hpp"
 
 namespace pygpfast::bind {
 
 namespace {
-
-std::vector<double> to_std_vector(const py::array& a, const char* name) {
-  const double* p = as_vector(a, name);
-  return std::vector<double>(p, p + a.shape(0));
-}
 
 // The local bound (kind, knots, a, b, c, num_classes, thresholds); the llp table may be empty
 // for the kinds that do not use it.
@@ -19,10 +12,7 @@ cvi::LocalBound make_local_bound(int kind, const py::array& knots, const py::arr
                                  const py::array& thresholds) {
   cvi::LocalBound lb;
   lb.type = static_cast<cvi::LocalBoundType>(kind);
-  lb.llp.knots = to_std_vector(knots, "knots");
-  lb.llp.a = to_std_vector(a, "a");
-  lb.llp.b = to_std_vector(b, "b");
-  lb.llp.c = to_std_vector(c, "c");
+  lb.llp = make_piecewise_bound(knots, a, b, c);
   lb.num_classes = num_classes;
   lb.thresholds = to_std_vector(thresholds, "thresholds");
   cvi::validate(lb);
@@ -130,9 +120,7 @@ void bind_cvi(py::module_& m) {
         auto la = copy_of(as_latent_array(lambda, "lambda", L, N), L, N);
         const auto opt = make_options(max_iter, tol, block_size, max_newton, skip_tol);
         py::array_t<double> V;
-        if (return_V)
-          V = py::array_t<double>({static_cast<py::ssize_t>(L), static_cast<py::ssize_t>(N),
-                                   static_cast<py::ssize_t>(N)});
+        if (return_V) V = new_array3(L, N, N);
         cvi::Result r;
         {
           py::gil_scoped_release release;
@@ -167,9 +155,7 @@ void bind_cvi(py::module_& m) {
         auto dk = new_vector(kernel.num_params()), dmean = new_vector(L),
              dphi = new_vector(lb.num_thresholds());
         py::array_t<double> Pi;
-        if (return_Pi)
-          Pi = py::array_t<double>({static_cast<py::ssize_t>(L), static_cast<py::ssize_t>(N),
-                                    static_cast<py::ssize_t>(N)});
+        if (return_Pi) Pi = new_array3(L, N, N);
         cvi::Gradients g;
         g.kernel = dk.mutable_data();
         g.mean = dmean.mutable_data();

@@ -1,29 +1,14 @@
-#include <vector>
-
 #include "bind_common.hpp"
 #include "pygpfast/piecewise.hpp"
 
 namespace pygpfast::bind {
-
-namespace {
-
-std::vector<double> to_std_vector(const py::array& a, const char* name) {
-  const double* p = as_vector(a, name);
-  return std::vector<double>(p, p + a.shape(0));
-}
-
-}  // namespace
 
 void bind_piecewise(py::module_& m) {
   m.def(
       "piecewise_expected_bound",
       [](const py::array& knots, const py::array& a, const py::array& b, const py::array& c,
          const py::array& mean, const py::array& var) {
-        piecewise::Bound bound;
-        bound.knots = to_std_vector(knots, "knots");
-        bound.a = to_std_vector(a, "a");
-        bound.b = to_std_vector(b, "b");
-        bound.c = to_std_vector(c, "c");
+        const piecewise::Bound bound = make_piecewise_bound(knots, a, b, c);
         const double* mv = as_vector(mean, "m");
         const index_t n = mean.shape(0);
         const double* vv = as_vector(var, "v", n);

@@ -20,6 +20,8 @@ using blas::Diag;
 using blas::Side;
 using blas::Trans;
 using blas::Uplo;
+using linalg::fixed_order_sum;
+using linalg::mirror_lower;
 using Buffer = std::vector<double>;
 using Clock = std::chrono::steady_clock;
 
@@ -36,18 +38,6 @@ struct Counter {
   void add(double f) { flops += f; }
   void evaluate(double points) { evaluations += points; }
 };
-
-double fixed_order_sum(const double* x, index_t n) {
-  double s = 0.0;
-  for (index_t i = 0; i < n; ++i) s += x[i];
-  return s;
-}
-
-// Copy the lower triangle of A into its upper triangle.
-void mirror_lower(MatrixView A) {
-  for (index_t i = 0; i < A.rows; ++i)
-    for (index_t j = 0; j < i; ++j) A(j, i) = A(i, j);
-}
 
 void check_sigma(ConstMatrixView Sigma) {
   require(Sigma.rows == Sigma.cols, "cvi: Sigma must be square, got " +
@@ -162,12 +152,15 @@ class Inference {
       count_.add(static_cast<double>(V_.size()));
       const int refused_before = result_.refused_solves;
       bool moved = false;
+      auto restore = [&] {
+        V_ = saved_V;
+        std::copy(saved_lambda.begin(), saved_lambda.end(), lambda_);
+        logdet_ = saved_logdet;
+        for (index_t l = 0; l < L_; ++l) refresh_variances(l);
+      };
       for (int attempt = 0; attempt <= opt_.max_damping; ++attempt) {
         if (attempt > 0) {
-          V_ = saved_V;
-          std::copy(saved_lambda.begin(), saved_lambda.end(), lambda_);
-          logdet_ = saved_logdet;
-          for (index_t l = 0; l < L_; ++l) refresh_variances(l);
+          restore();
           ++result_.damped_sweeps;
         }
         if (attempt < kDampedSweeps) {
@@ -187,10 +180,7 @@ class Inference {
         }
       }
       if (!moved) {  // keep the variances as they were
-        V_ = saved_V;
-        std::copy(saved_lambda.begin(), saved_lambda.end(), lambda_);
-        logdet_ = saved_logdet;
-        for (index_t l = 0; l < L_; ++l) refresh_variances(l);
+        restore();
         bound = evaluate();
       }
       const bool clean = moved && result_.refused_solves == refused_before;
@@ -220,7 +210,6 @@ class Inference {
   MatrixView V_of(index_t l) { return MatrixView(V_.data() + l * N_ * N_, N_, N_); }
   const Buffer& m() const { return m_; }
   const Buffer& v() const { return v_; }
-  Counter& counter() { return count_; }
 
  private:
   // Rounding slack when comparing bounds.
@@ -503,7 +492,7 @@ class Inference {
   //  * Exact steps, one latent at a time in turn (block coordinate), GPML-style with W_l
   //    clipped at 0: with b = W (m - mean) + g^m, the Newton point is
   //    alpha = b - W^1/2 B^-1 W^1/2 Sigma b, B = I + W^1/2 Sigma W^1/2 (N^3/3).
-  // Cheap steps are used while they are taken whole and converge fast.
+  // Cheap steps are used while they are taken whole and cost less than exact ones (below).
   void update_means() {
     const index_t N = N_, L = L_;
     const bool multinomial = lb_.type == LocalBoundType::Multinomial;
@@ -799,6 +788,7 @@ double oa_objective(const LocalBound& lb, const double* y, ConstMatrixView Sigma
   Counter count;
   Buffer m(static_cast<std::size_t>(L * N)), v(m.size()), logdet(static_cast<std::size_t>(L));
   Buffer V(static_cast<std::size_t>(L * N * N)), B(static_cast<std::size_t>(N * N)), sw(N);
+  Buffer A(static_cast<std::size_t>(N * N));
   for (index_t l = 0; l < L; ++l) {
     const double* lam = lambda + l * N;
     for (index_t n = 0; n < N; ++n) sw[n] = std::sqrt(lam[n]);
@@ -807,7 +797,6 @@ double oa_objective(const LocalBound& lb, const double* y, ConstMatrixView Sigma
     logdet[l] = 0.0;
     for (index_t n = 0; n < N; ++n) logdet[l] += 2.0 * std::log(Bv(n, n));
     // V = Sigma - A^T A with A = L_B^-1 diag(sw) Sigma.
-    Buffer A(static_cast<std::size_t>(N * N));
     MatrixView Av(A.data(), N, N), Vl(V.data() + l * N * N, N, N);
     for (index_t i = 0; i < N; ++i)
       for (index_t j = 0; j < N; ++j) {

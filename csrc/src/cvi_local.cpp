@@ -13,7 +13,7 @@ namespace pygpfast::cvi {
 namespace {
 
 // A loop over points is split across threads only when each thread gets this many (one
-// piecewise expectation costs about R erfc + exp).
+// piecewise expectation costs R - 1 vectorised breakpoint evaluations).
 constexpr index_t kMinPointsPerThread = 256;
 
 const char* name_of(LocalBoundType t) {
@@ -243,11 +243,7 @@ void local_bounds(const LocalBound& lb, const double* y, index_t N, const double
   double* gm = dm != nullptr ? dm : scratch.data();
   double* gv = dv != nullptr ? dv : scratch.data() + L * N;
   double* gmm = d2m != nullptr ? d2m : scratch.data() + 2 * L * N;
-  [[maybe_unused]] const int nt = threads_for(N, kMinPointsPerThread);
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-#endif
-  for (index_t n = 0; n < N; ++n) {
+  parallel_for(N, kMinPointsPerThread, [&](index_t n) {
     const PointOutput out = point_bound(lb, y[n], m + n, v + n, N, gm + n, gv + n, gmm + n);
     value[n] = out.value;
     if (!dphi.empty())
@@ -255,7 +251,7 @@ void local_bounds(const LocalBound& lb, const double* y, index_t N, const double
         dphi[2 * n + s] = out.dphi[s];
         phi_index[2 * n + s] = out.phi_index[s];
       }
-  }
+  });
   if (lb.type == LocalBoundType::Poisson)
     for (index_t n = 0; n < N; ++n) value[n] -= std::lgamma(y[n] + 1.0);
   if (ordinal && dthresholds != nullptr) {

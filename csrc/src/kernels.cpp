@@ -879,25 +879,21 @@ void Kernel::Kdiag(ConstMatrixView X, double* out) const {
 
 void Kernel::K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrixView G,
                    double* dparams, MatrixView* dX, MatrixView* dX2) const {
-  const Inputs in{X, X2, same};
-  check_inputs(in, input_dim_);
-  check_shape("G", G.rows, G.cols, X.rows, X2.rows);
-  if (dX != nullptr) check_shape("dX", dX->rows, dX->cols, X.rows, X.cols);
-  if (dX2 != nullptr) check_shape("dX2", dX2->rows, dX2->cols, X2.rows, X2.cols);
-  if (X.rows == 0 || X2.rows == 0) return;
-  root_->K_vjp(in, G, dparams, dX, dX2);
+  K_vjp(X, X2, same, G, ConstMatrixView(), dparams, dX, dX2);
 }
 
 void Kernel::K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrixView G,
                    ConstMatrixView values, double* dparams, MatrixView* dX, MatrixView* dX2) const {
   const Inputs in{X, X2, same};
+  const bool have_values = values.data != nullptr;
   check_inputs(in, input_dim_);
   check_shape("G", G.rows, G.cols, X.rows, X2.rows);
-  check_shape("K values", values.rows, values.cols, X.rows, X2.rows);
+  if (have_values) check_shape("K values", values.rows, values.cols, X.rows, X2.rows);
   if (dX != nullptr) check_shape("dX", dX->rows, dX->cols, X.rows, X.cols);
   if (dX2 != nullptr) check_shape("dX2", dX2->rows, dX2->cols, X2.rows, X2.cols);
   if (X.rows == 0 || X2.rows == 0) return;
-  if (!root_->K_vjp_from_values(in, G, values, dparams, dX, dX2)) root_->K_vjp(in, G, dparams, dX, dX2);
+  if (!(have_values && root_->K_vjp_from_values(in, G, values, dparams, dX, dX2)))
+    root_->K_vjp(in, G, dparams, dX, dX2);
 }
 
 void Kernel::Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const {

@@ -126,17 +126,22 @@ namespace {
 // triangular products (2 M^3 flops, level 3) take less time than its M^3 (measured with
 // OpenBLAS).
 constexpr index_t kCongruenceBySygst = 512;
+}  // namespace
 
-// Copies the lower triangle of a square matrix onto its upper one, in tiles that stay in cache.
-void mirror_lower_tiled(MatrixView A) {
-  constexpr index_t t = 32;
+void mirror_lower(MatrixView A) {
+  constexpr index_t t = 32;  // tiles that stay in cache
   const index_t n = A.rows;
   for (index_t i0 = 0; i0 < n; i0 += t)
     for (index_t j0 = 0; j0 <= i0; j0 += t)
       for (index_t i = i0; i < std::min(i0 + t, n); ++i)
         for (index_t j = j0; j < std::min(j0 + t, i); ++j) A(j, i) = A(i, j);
 }
-}  // namespace
+
+double fixed_order_sum(const double* x, index_t n) {
+  double s = 0.0;
+  for (index_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
 
 void cholesky_reverse(ConstMatrixView L, MatrixView G, const double* Linv) {
   const index_t M = L.rows;
@@ -174,7 +179,7 @@ void cholesky_reverse(ConstMatrixView L, MatrixView G, const double* Linv) {
     using blas::Side;
     using blas::Trans;
     using blas::Uplo;
-    mirror_lower_tiled(G);
+    mirror_lower(G);
     if (Linv != nullptr) {
       const ConstMatrixView Y(Linv, M, M);
       blas::trmm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, G);
@@ -184,7 +189,7 @@ void cholesky_reverse(ConstMatrixView L, MatrixView G, const double* Linv) {
       blas::trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, L, G);
     }
   }
-  mirror_lower_tiled(G);  // (exactly symmetric: the products above are so only up to rounding)
+  mirror_lower(G);  // (exactly symmetric: the products above are so only up to rounding)
 }
 
 void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G, double beta) {
@@ -205,8 +210,7 @@ void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, Matrix
     }
     blas::syrk(blas::Uplo::Lower, blas::Trans::No, sign, W, sign < 0 ? beta : 1.0, G);
   }
-  for (index_t i = 0; i < M; ++i)
-    for (index_t j = i + 1; j < M; ++j) G(i, j) = G(j, i);
+  mirror_lower(G);
 }
 
 }  // namespace pygpfast::linalg

@@ -180,17 +180,12 @@ void expected_bound(const Bound& bound, const double* m, const double* v, index_
   validate(bound);
   check_points(m, v, n);
   const index_t R = bound.pieces();
-  [[maybe_unused]] const int nt =
-      threads_for(n, std::max<index_t>(1, kMinEvaluationsPerThread / R));
-#ifdef _OPENMP  // (without it the pragma would draw -Wunknown-pragmas)
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-#endif
-  for (index_t i = 0; i < n; ++i) {
+  parallel_for(n, std::max<index_t>(1, kMinEvaluationsPerThread / R), [&](index_t i) {
     const Expectation res = expected_bound_at(bound, m[i], v[i]);
     value[i] = res.value;
     if (dm != nullptr) dm[i] = res.dm;
     if (dv != nullptr) dv[i] = res.dv;
-  }
+  });
 }
 
 }  // namespace pygpfast::piecewise

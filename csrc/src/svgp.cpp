@@ -25,6 +25,8 @@ using blas::Diag;
 using blas::Side;
 using blas::Trans;
 using blas::Uplo;
+using linalg::fixed_order_sum;
+using linalg::mirror_lower;
 
 using Buffer = std::vector<double>;
 
@@ -135,20 +137,9 @@ void zero_strict_upper(MatrixView A) {
   for (index_t i = 0; i < A.rows; ++i) std::fill(A.row(i) + i + 1, A.row(i) + A.cols, 0.0);
 }
 
-void mirror_lower(MatrixView A) {
-  for (index_t i = 0; i < A.rows; ++i)
-    for (index_t j = 0; j < i; ++j) A(j, i) = A(i, j);
-}
-
 void symmetrise(MatrixView A) {
   for (index_t i = 0; i < A.rows; ++i)
     for (index_t j = 0; j < i; ++j) A(i, j) = A(j, i) = 0.5 * (A(i, j) + A(j, i));
-}
-
-double fixed_order_sum(const double* x, index_t n) {
-  double s = 0.0;
-  for (index_t i = 0; i < n; ++i) s += x[i];
-  return s;
 }
 
 void add_to(Buffer& into, const Buffer& from) {

@@ -36,11 +36,7 @@ constexpr index_t kMinPointsPerThread = 2048;
 
 template <class Body>
 void for_each_point(index_t n, const Body& body) {
-  [[maybe_unused]] const int nt = threads_for(n, kMinPointsPerThread);
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-#endif
-  for (index_t i = 0; i < n; ++i) body(i);
+  parallel_for(n, kMinPointsPerThread, body);
 }
 
 // The standard normal truncated to (-z, inf), through which every per-point term of the bound

@@ -60,9 +60,9 @@ class Kernel {
   // (For K(Z, Z) with `same`, the gradient wrt Z is dX + dX2.)
   void K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrixView G, double* dparams,
              MatrixView* dX, MatrixView* dX2) const;
-  // The same, given the forward pass's K(X, X2) (`values`, [N, M]): kernels whose gradients
-  // follow from their values (a single RBF: dk/d(r^2) = -k/2) skip evaluating the distances and
-  // exps again; the others compute the vjp as above.
+  // The same, given the forward pass's K(X, X2) (`values`, [N, M]; an empty view means none):
+  // kernels whose gradients follow from their values (a single RBF: dk/d(r^2) = -k/2) skip
+  // evaluating the distances and exps again; the others compute the vjp as above.
   void K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrixView G, ConstMatrixView values,
              double* dparams, MatrixView* dX, MatrixView* dX2) const;
   // dparams[p] += sum_i g_i d diag(K)_i / dtheta_p.

@@ -32,6 +32,13 @@ void cholesky_update(MatrixView L, double* x);
 // x is overwritten (used as workspace).
 void cholesky_downdate(MatrixView L, double* x);
 
+// Copies the lower triangle of a square A onto its upper triangle (in cache-sized tiles).
+void mirror_lower(MatrixView A);
+
+// x[0] + x[1] + ... + x[n-1] in that order (results do not depend on how x was computed in
+// parallel).
+double fixed_order_sum(const double* x, index_t n);
+
 // log det(L L^T) = 2 sum log diag(L).
 double logdet_from_cholesky(ConstMatrixView L);
 
