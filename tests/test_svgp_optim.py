@@ -161,6 +161,12 @@ def test_adam_and_adadelta_follow_their_formulas():
     x1 = adam.step(x, g)
     # First step: m_hat = g, v_hat = g^2, so the step is lr * sign(g) (up to eps).
     np.testing.assert_allclose(x1, x - 0.1 * np.sign(g), rtol=1e-7)
+    # Second step, with another gradient: the moments and their bias corrections as written.
+    g_b = np.array([-1.0, 0.25])
+    m = 0.9 * (0.1 * g) + 0.1 * g_b
+    v = 0.999 * (0.001 * g * g) + 0.001 * g_b * g_b
+    m_hat, v_hat = m / (1 - 0.9**2), v / (1 - 0.999**2)
+    np.testing.assert_allclose(adam.step(x1, g_b), x1 - 0.1 * m_hat / np.sqrt(v_hat), rtol=1e-7)
     decayed = Adam(0.1, decay_steps=3.0)
     np.testing.assert_allclose(decayed.step(x, g), x - 0.1 / np.sqrt(1 + 1 / 3) * np.sign(g), rtol=1e-7)
     ada = Adadelta(0.1, decay=0.9, eps=1e-4)

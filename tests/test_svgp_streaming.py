@@ -34,6 +34,10 @@ def test_minibatches_visit_every_row_once_per_pass(monkeypatch):
     # Buffers of 4 chunks: rows left over at a buffer's end move to the next buffer, so one
     # pass is N rows with at most B - 1 of them carried across the pass boundary.
     assert len(np.unique(rows)) >= N - B
+    # Over two passes every row comes at least once and none more than twice.
+    second = np.concatenate([next(gen)[1] for _ in range(N // B)])
+    counts = np.bincount(np.concatenate([rows, second]).astype(int), minlength=N)
+    assert counts.min() >= 1 and counts.max() <= 2
     # Rows of one minibatch come from several chunks, in random order.
     assert len(np.unique(first[0][1] // 10)) > 1
     again = _streaming.minibatches(X, t, B, np.random.RandomState(0))

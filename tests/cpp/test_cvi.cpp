@@ -105,6 +105,24 @@ PYGPFAST_TEST(poisson_and_logit_local_bounds_are_their_closed_forms) {
     const auto s = cvi::site_bound(lb, yl[i], m + i, v + i, 2, 0, v[i]);
     CHECK_NEAR(s.lambda, -2.0 * dv[i], 1e-14);
   }
+  // dm, dv and d2m against central differences of the values
+  const double h = 1e-5;
+  for (int i = 0; i < 2; ++i) {
+    double mp[2] = {m[0], m[1]}, mm[2] = {m[0], m[1]}, vp[2] = {v[0], v[1]}, vm[2] = {v[0], v[1]};
+    mp[i] += h;
+    mm[i] -= h;
+    vp[i] += h;
+    vm[i] -= h;
+    double fp[2], fm[2], fvp[2], fvm[2];
+    cvi::local_bounds(lb, yl, 2, mp, v, fp, nullptr, nullptr, nullptr, nullptr);
+    cvi::local_bounds(lb, yl, 2, mm, v, fm, nullptr, nullptr, nullptr, nullptr);
+    cvi::local_bounds(lb, yl, 2, m, vp, fvp, nullptr, nullptr, nullptr, nullptr);
+    cvi::local_bounds(lb, yl, 2, m, vm, fvm, nullptr, nullptr, nullptr, nullptr);
+    const double fd_m = (fp[i] - fm[i]) / (2.0 * h), fd_v = (fvp[i] - fvm[i]) / (2.0 * h);
+    CHECK_NEAR(dm[i], fd_m, 1e-7);
+    CHECK_NEAR(dv[i], fd_v, 1e-7);
+    CHECK_NEAR(d2m[i], (fp[i] - 2.0 * f[i] + fm[i]) / (h * h), 1e-3);
+  }
 }
 
 PYGPFAST_TEST(multinomial_site_bound_gives_the_softmax_site_precision) {
@@ -143,6 +161,10 @@ PYGPFAST_TEST(blocked_and_literal_algorithm_1_agree_and_solve_eqs_7_8) {
   }
   CHECK(res[0].converged && res[1].converged);
   CHECK_NEAR(res[0].bound, res[1].bound, 1e-11 * std::fabs(res[0].bound));
+  // With tol = 0 both run until the bound stops rising in its last digits, which rounding can
+  // make one iteration apart (measured: 11 and 10 records); the iterates agree up to there.
+  const std::size_t n0 = res[0].history.size(), n1 = res[1].history.size();
+  CHECK(n0 >= 3 && n1 >= 3 && (n0 > n1 ? n0 - n1 : n1 - n0) <= 1);
   for (std::size_t i = 0; i < res[0].history.size() && i < res[1].history.size(); ++i)
     CHECK_NEAR(res[0].history[i].bound, res[1].history[i].bound, 1e-10);
   for (std::size_t i = 1; i < res[1].history.size(); ++i)
