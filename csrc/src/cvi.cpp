@@ -40,9 +40,7 @@ struct Counter {
 };
 
 void check_sigma(ConstMatrixView Sigma) {
-  require(Sigma.rows == Sigma.cols, "cvi: Sigma must be square, got " +
-                                        std::to_string(Sigma.rows) + "x" +
-                                        std::to_string(Sigma.cols));
+  require(Sigma.rows == Sigma.cols, "cvi: Sigma must be square, got ", Sigma.rows, "x", Sigma.cols);
   require(Sigma.rows >= 1, "cvi: need at least one data point");
   for (index_t i = 0; i < Sigma.rows; ++i)
     for (index_t j = 0; j <= i; ++j)
@@ -728,9 +726,8 @@ Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrix
                 double* lambda, const Options& opt, Gradients* grads, double* Pi_out) {
   const index_t N = X.rows;
   require(N >= 1, "cvi: need at least one data point");
-  require(X.cols == kernel.input_dim(), "cvi: X has " + std::to_string(X.cols) +
-                                            " columns but the kernel expects " +
-                                            std::to_string(kernel.input_dim()));
+  require(X.cols == kernel.input_dim(), "cvi: X has ", X.cols, " columns but the kernel expects ",
+          kernel.input_dim());
   require(jitter >= 0.0 && std::isfinite(jitter), "cvi: jitter must be >= 0");
   Buffer Sigma(static_cast<std::size_t>(N * N));
   MatrixView S(Sigma.data(), N, N);
@@ -849,8 +846,7 @@ void predict_f(const kernels::Kernel& kernel, ConstMatrixView X, const double* m
                MatrixView mean_out, MatrixView var_out) {
   const index_t N = X.rows, T = Xnew.rows;
   require(X.cols == kernel.input_dim() && Xnew.cols == X.cols,
-          "cvi: X and Xnew must have the kernel's " + std::to_string(kernel.input_dim()) +
-              " columns");
+          "cvi: X and Xnew must have the kernel's ", kernel.input_dim(), " columns");
   require(mean_out.rows == T && mean_out.cols == L && var_out.rows == T && var_out.cols == L,
           "cvi: mean_out and var_out must be [T, L]");
   constexpr index_t kChunk = 512;  // test rows per block: bounds the [chunk, N] scratch

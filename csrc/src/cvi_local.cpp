@@ -161,38 +161,32 @@ index_t LocalBound::num_latent() const {
 void validate(const LocalBound& lb) {
   const int code = static_cast<int>(lb.type);
   require(code >= 0 && code <= static_cast<int>(LocalBoundType::Ordinal),
-          "cvi: unknown local bound type " + std::to_string(code) +
-              " (0 Bernoulli-logit, 1 Poisson, 2 multinomial, 3 stick-breaking, 4 ordinal)");
+          "cvi: unknown local bound type ", code,
+          " (0 Bernoulli-logit, 1 Poisson, 2 multinomial, 3 stick-breaking, 4 ordinal)");
   if (uses_llp(lb.type)) piecewise::validate(lb.llp);
   switch (lb.type) {
     case LocalBoundType::BernoulliLogit:
     case LocalBoundType::Poisson:
-      require(lb.thresholds.empty(), std::string("cvi: the ") + name_of(lb.type) +
-                                         " likelihood takes no thresholds");
+      require(lb.thresholds.empty(), "cvi: the ", name_of(lb.type), " likelihood takes no thresholds");
       break;
     case LocalBoundType::Multinomial:
     case LocalBoundType::StickBreaking:
-      require(lb.num_classes >= 2, std::string("cvi: the ") + name_of(lb.type) +
-                                       " likelihood needs num_classes >= 2, got " +
-                                       std::to_string(lb.num_classes));
-      require(lb.thresholds.empty(), std::string("cvi: the ") + name_of(lb.type) +
-                                         " likelihood takes no thresholds");
+      require(lb.num_classes >= 2, "cvi: the ", name_of(lb.type), " likelihood needs num_classes >= 2, got ",
+              lb.num_classes);
+      require(lb.thresholds.empty(), "cvi: the ", name_of(lb.type), " likelihood takes no thresholds");
       break;
     case LocalBoundType::Ordinal: {
       require(lb.num_classes >= 2,
-              "cvi: the ordinal likelihood needs num_classes >= 2, got " +
-                  std::to_string(lb.num_classes));
+              "cvi: the ordinal likelihood needs num_classes >= 2, got ", lb.num_classes);
       require(lb.num_thresholds() == lb.num_classes - 1,
-              "cvi: the ordinal likelihood with " + std::to_string(lb.num_classes) +
-                  " classes needs " + std::to_string(lb.num_classes - 1) + " thresholds, got " +
-                  std::to_string(lb.num_thresholds()));
+              "cvi: the ordinal likelihood with ", lb.num_classes, " classes needs ", lb.num_classes - 1,
+              " thresholds, got ", lb.num_thresholds());
       for (index_t k = 0; k < lb.num_thresholds(); ++k) {
         require(std::isfinite(lb.thresholds[k]),
-                "cvi: thresholds[" + std::to_string(k) + "] is not finite");
+                "cvi: thresholds[", k, "] is not finite");
         require(k == 0 || lb.thresholds[k] > lb.thresholds[k - 1],
-                "cvi: ordinal thresholds must be strictly increasing, but thresholds[" +
-                    std::to_string(k) + "] = " + format_value(lb.thresholds[k]) + " follows " +
-                    format_value(lb.thresholds[k - 1]));
+                "cvi: ordinal thresholds must be strictly increasing, but thresholds[", k, "] = ",
+                lb.thresholds[k], " follows ", lb.thresholds[k - 1]);
       }
       break;
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -718,6 +719,12 @@ const char* type_name(std::int32_t type) {
   return names[type];
 }
 
+// "kernel codes[at]: ", the prefix of the parser's error messages.
+struct Where {
+  index_t at;
+};
+std::ostream& operator<<(std::ostream& os, Where w) { return os << "kernel codes[" << w.at << "]: "; }
+
 class Parser {
  public:
   Parser(const std::int32_t* codes, index_t n_codes, const double* params, index_t n_params,
@@ -726,34 +733,32 @@ class Parser {
 
   std::unique_ptr<Node> parse() {
     auto root = node(0);
-    require(pos_ == n_codes_, "kernel codes: " + std::to_string(n_codes_ - pos_) +
-                                  " entries are left after the kernel ends at codes[" +
-                                  std::to_string(pos_) + "]");
-    require(param_pos_ == n_params_, "kernel params: got " + std::to_string(n_params_) +
-                                         " values but the kernel uses " +
-                                         std::to_string(param_pos_));
+    require(pos_ == n_codes_, "kernel codes: ", n_codes_ - pos_,
+            " entries are left after the kernel ends at codes[", pos_, "]");
+    require(param_pos_ == n_params_, "kernel params: got ", n_params_, " values but the kernel uses ",
+            param_pos_);
     return root;
   }
 
  private:
   std::unique_ptr<Node> node(int depth) {
     require(depth <= kMaxDepth,
-            "kernel codes: nesting deeper than " + std::to_string(kMaxDepth) + " levels");
-    require(pos_ + 2 <= n_codes_, "kernel codes: node at codes[" + std::to_string(pos_) +
-                                      "] is cut off (each node takes two entries: type, count)");
+            "kernel codes: nesting deeper than ", kMaxDepth, " levels");
+    require(pos_ + 2 <= n_codes_, "kernel codes: node at codes[", pos_,
+            "] is cut off (each node takes two entries: type, count)");
     const index_t at = pos_;
     const std::int32_t type = codes_[pos_], count = codes_[pos_ + 1];
     pos_ += 2;
-    const std::string where = "kernel codes[" + std::to_string(at) + "]: ";
+    const Where where{at};
     require(type >= 0 && type <= static_cast<std::int32_t>(KernelType::Product),
-            where + "unknown kernel type " + std::to_string(type) + " (expected 0.." +
-                std::to_string(static_cast<int>(KernelType::Product)) + ")");
-    const std::string name = type_name(type);
+            where, "unknown kernel type ", type, " (expected 0..", static_cast<int>(KernelType::Product),
+            ")");
+    const char* name = type_name(type);
     switch (static_cast<KernelType>(type)) {
       case KernelType::Sum:
       case KernelType::Product: {
         require(count >= 1,
-                where + name + " needs at least one child, got " + std::to_string(count));
+                where, name, " needs at least one child, got ", count);
         Children children;
         for (std::int32_t c = 0; c < count; ++c) children.push_back(node(depth + 1));
         if (static_cast<KernelType>(type) == KernelType::Sum)
@@ -770,45 +775,40 @@ class Parser {
         return stationary<KernelType::Matern52>(where, name, count);
       case KernelType::Linear:
         require(count == 1 || count == D_,
-                where + "Linear takes 1 variance or one per dimension (" + std::to_string(D_) +
-                    "), got " + std::to_string(count) + " parameters");
+                where, "Linear takes 1 variance or one per dimension (", D_, "), got ", count, " parameters");
         return std::make_unique<Linear>(take(where, name, count), D_);
       case KernelType::Constant:
         return std::make_unique<Constant>(variance_only(where, name, count));
       case KernelType::White:
         return std::make_unique<White>(variance_only(where, name, count));
     }
-    throw std::invalid_argument(where + "unknown kernel type");  // unreachable: type checked above
+    throw std::invalid_argument("kernel codes: unknown kernel type");  // unreachable: type checked above
   }
 
   template <KernelType T>
-  std::unique_ptr<Node> stationary(const std::string& where, const std::string& name,
-                                   std::int32_t count) {
+  std::unique_ptr<Node> stationary(Where where, const char* name, std::int32_t count) {
     require(count == 2 || count == 1 + D_,
-            where + name + " takes a variance and 1 lengthscale or one per dimension (" +
-                std::to_string(D_) + "), i.e. 2 or " + std::to_string(1 + D_) +
-                " parameters; got " + std::to_string(count));
+            where, name, " takes a variance and 1 lengthscale or one per dimension (", D_, "), i.e. 2 or ",
+            1 + D_, " parameters; got ", count);
     return std::make_unique<Stationary<T>>(take(where, name, count), D_);
   }
 
-  LeafParams variance_only(const std::string& where, const std::string& name, std::int32_t count) {
+  LeafParams variance_only(Where where, const char* name, std::int32_t count) {
     require(count == 1,
-            where + name + " takes 1 parameter (variance), got " + std::to_string(count));
+            where, name, " takes 1 parameter (variance), got ", count);
     return take(where, name, count);
   }
 
   // The next `count` parameters, each finite and > 0.
-  LeafParams take(const std::string& where, const std::string& name, std::int32_t count) {
+  LeafParams take(Where where, const char* name, std::int32_t count) {
     require(param_pos_ + count <= n_params_,
-            where + name + " needs params[" + std::to_string(param_pos_) + ".." +
-                std::to_string(param_pos_ + count - 1) + "] but params has only " +
-                std::to_string(n_params_) + " values");
+            where, name, " needs params[", param_pos_, "..", param_pos_ + count - 1, "] but params has only ",
+            n_params_, " values");
     const double* first = params_ + param_pos_;
     LeafParams p{param_pos_, std::vector<double>(first, first + count)};
     for (index_t k = 0; k < count; ++k)
       require(std::isfinite(p.values[k]) && p.values[k] > 0.0,
-              "kernel params[" + std::to_string(param_pos_ + k) + "] (" + name +
-                  ") must be finite and > 0, got " + std::to_string(p.values[k]));
+              "kernel params[", param_pos_ + k, "] (", name, ") must be finite and > 0, got ", p.values[k]);
     param_pos_ += count;
     return p;
   }
@@ -823,24 +823,21 @@ class Parser {
 };
 
 void check_inputs(const Inputs& in, index_t D) {
-  require(in.X.cols == D, "X has " + std::to_string(in.X.cols) +
-                              " columns but the kernel was built for input_dim " +
-                              std::to_string(D));
-  require(in.X2.cols == D, "X2 has " + std::to_string(in.X2.cols) +
-                               " columns but the kernel was built for input_dim " +
-                               std::to_string(D));
+  require(in.X.cols == D, "X has ", in.X.cols, " columns but the kernel was built for input_dim ", D);
+  require(in.X2.cols == D, "X2 has ", in.X2.cols, " columns but the kernel was built for input_dim ", D);
   require(!in.same || in.X2.rows == in.X.rows, "same=true needs X2 to be X");
 }
 
-std::string shape(index_t rows, index_t cols) {
-  return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
-}
+// "[rows, cols]" in error messages.
+struct Shape {
+  index_t rows, cols;
+};
+std::ostream& operator<<(std::ostream& os, Shape s) { return os << "[" << s.rows << ", " << s.cols << "]"; }
 
 void check_shape(const char* name, index_t rows, index_t cols, index_t want_rows,
                  index_t want_cols) {
-  require(rows == want_rows && cols == want_cols, std::string(name) + " has shape " +
-                                                      shape(rows, cols) + ", expected " +
-                                                      shape(want_rows, want_cols));
+  require(rows == want_rows && cols == want_cols, name, " has shape ", Shape{rows, cols}, ", expected ",
+          Shape{want_rows, want_cols});
 }
 
 }  // namespace
@@ -852,7 +849,7 @@ void check_shape(const char* name, index_t rows, index_t cols, index_t want_rows
 Kernel::Kernel(const std::int32_t* codes, index_t n_codes, const double* params, index_t n_params,
                index_t input_dim)
     : num_params_(n_params), input_dim_(input_dim) {
-  require(input_dim >= 1, "kernel input_dim must be >= 1, got " + std::to_string(input_dim));
+  require(input_dim >= 1, "kernel input_dim must be >= 1, got ", input_dim);
   root_ = Parser(codes, n_codes, params, n_params, input_dim).parse();
 }
 

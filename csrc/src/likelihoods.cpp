@@ -31,13 +31,6 @@ void for_each_point(index_t n, index_t evaluations_per_point, const Body& body) 
   parallel_for(n, std::max<index_t>(1, kMinEvaluationsPerThread / evaluations_per_point), body);
 }
 
-std::string format_value(double v) {
-  std::ostringstream os;
-  os.precision(std::numeric_limits<double>::digits10);
-  os << v;
-  return os.str();
-}
-
 // log p(y | f) and its first two derivatives with respect to f.
 struct LogDensity {
   double value;
@@ -280,23 +273,20 @@ void validate(const Likelihood& lik) {
   const int code = static_cast<int>(lik.type);
   require(code >= static_cast<int>(LikelihoodType::Gaussian) &&
               code <= static_cast<int>(LikelihoodType::Softmax),
-          "unknown likelihood type " + std::to_string(code) +
-              " (0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson, 4 softmax)");
+          "unknown likelihood type ", code,
+          " (0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson, 4 softmax)");
   require(lik.type != LikelihoodType::Gaussian ||
               (lik.variance > 0.0 && std::isfinite(lik.variance)),
-          "the Gaussian likelihood variance must be positive and finite, got " +
-              format_value(lik.variance));
+          "the Gaussian likelihood variance must be positive and finite, got ", lik.variance);
   if (lik.type == LikelihoodType::Softmax)
-    require(lik.num_classes >= 2, "the softmax likelihood needs num_classes >= 2, got " +
-                                      std::to_string(lik.num_classes));
+    require(lik.num_classes >= 2, "the softmax likelihood needs num_classes >= 2, got ", lik.num_classes);
   else
     require(lik.num_classes == 0,
-            std::string("the ") + name_of(lik.type) +
-                " likelihood has one latent function: num_classes must be 0, got " +
-                std::to_string(lik.num_classes));
+            "the ", name_of(lik.type), " likelihood has one latent function: num_classes must be 0, got ",
+            lik.num_classes);
   require(lik.n_gh >= 1 && lik.n_gh <= quadrature::kMaxGaussHermitePoints,
-          "n_gh (Gauss-Hermite points) must be between 1 and " +
-              std::to_string(quadrature::kMaxGaussHermitePoints) + ", got " + std::to_string(lik.n_gh));
+          "n_gh (Gauss-Hermite points) must be between 1 and ", quadrature::kMaxGaussHermitePoints, ", got ",
+          lik.n_gh);
 }
 
 index_t latent_dim(const Likelihood& lik) {

@@ -12,8 +12,7 @@ namespace pygpfast::linalg {
 
 CholeskyResult cholesky_jitter(MatrixView A, double initial_relative_jitter,
                                double max_relative_jitter) {
-  require(A.rows == A.cols, "cholesky: matrix must be square, got " + std::to_string(A.rows) + "x" +
-                                std::to_string(A.cols));
+  require(A.rows == A.cols, "cholesky: matrix must be square, got ", A.rows, "x", A.cols);
   const index_t n = A.rows;
   CholeskyResult result;
   if (n == 0) return result;

@@ -80,8 +80,8 @@ GaussHermiteRule compute_rule(int n) {
 }  // namespace
 
 const GaussHermiteRule& gauss_hermite(int n) {
-  require(n >= 1 && n <= kMaxGaussHermitePoints, "gauss_hermite: the number of points must be between 1 and " +
-                                         std::to_string(kMaxGaussHermitePoints) + ", got " + std::to_string(n));
+  require(n >= 1 && n <= kMaxGaussHermitePoints, "gauss_hermite: the number of points must be between 1 and ",
+          kMaxGaussHermitePoints, ", got ", n);
   static std::array<std::once_flag, kMaxGaussHermitePoints> computed;
   static std::array<GaussHermiteRule, kMaxGaussHermitePoints> rules;
   std::call_once(computed[n - 1], [n] { rules[n - 1] = compute_rule(n); });

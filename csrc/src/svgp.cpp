@@ -53,12 +53,10 @@ void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatr
   const index_t M = q.Z.rows, L = q.num_latent();
   require(M >= 1, "svgp: need at least one inducing point");
   require(L >= 1, "svgp: need at least one latent function (q_mu has no columns)");
-  require(q.Z.cols == kernel.input_dim(), "svgp: Z has " + std::to_string(q.Z.cols) +
-                                              " columns but the kernel expects " +
-                                              std::to_string(kernel.input_dim()));
-  require(X.cols == q.Z.cols, "svgp: X has " + std::to_string(X.cols) + " columns but Z has " +
-                                  std::to_string(q.Z.cols));
-  require(q.q_mu.rows == M, "svgp: q_mu must have M = " + std::to_string(M) + " rows");
+  require(q.Z.cols == kernel.input_dim(), "svgp: Z has ", q.Z.cols, " columns but the kernel expects ",
+          kernel.input_dim());
+  require(X.cols == q.Z.cols, "svgp: X has ", X.cols, " columns but Z has ", q.Z.cols);
+  require(q.q_mu.rows == M, "svgp: q_mu must have M = ", M, " rows");
   require(q.q_sqrt != nullptr, "svgp: q_sqrt is missing");
   for (index_t l = 0; l < L; ++l)
     for (index_t i = 0; i < M; ++i)
@@ -578,8 +576,8 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   likelihoods::validate(lik);
   const index_t M = q.Z.rows, B = batch.X.rows, D = q.Z.cols, L = q.num_latent();
   require(likelihoods::latent_dim(lik) == L,
-          "svgp: the likelihood needs " + std::to_string(likelihoods::latent_dim(lik)) +
-              " latent functions but q_mu has " + std::to_string(L) + " columns");
+          "svgp: the likelihood needs ", likelihoods::latent_dim(lik), " latent functions but q_mu has ", L,
+          " columns");
   if (path == Path::Auto) path = cheaper_path(M, B, L);
   const double work = path_cost(path, M, B, L) + 30.0 * M * B + 50.0 * B * L * lik.n_gh;
   const bool one_thread = work < kSingleThreadWork;

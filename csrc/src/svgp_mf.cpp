@@ -100,11 +100,9 @@ void check_inputs(const kernels::Kernel& kernel, ConstMatrixView Z, const Data& 
   const index_t N = data.X.rows;
   require(Z.rows >= 1, "svgp_mf: need at least one inducing point");
   require(N >= 1, "svgp_mf: need at least one data point");
-  require(Z.cols == kernel.input_dim(), "svgp_mf: Z has " + std::to_string(Z.cols) +
-                                            " columns but the kernel expects " +
-                                            std::to_string(kernel.input_dim()));
-  require(data.X.cols == Z.cols, "svgp_mf: X has " + std::to_string(data.X.cols) +
-                                     " columns but Z has " + std::to_string(Z.cols));
+  require(Z.cols == kernel.input_dim(), "svgp_mf: Z has ", Z.cols, " columns but the kernel expects ",
+          kernel.input_dim());
+  require(data.X.cols == Z.cols, "svgp_mf: X has ", data.X.cols, " columns but Z has ", Z.cols);
   require(jitter >= 0 && std::isfinite(jitter), "svgp_mf: jitter must be >= 0");
   for (index_t n = 0; n < N; ++n) {
     if (data.y[n] != 0.0 && data.y[n] != 1.0)

@@ -32,9 +32,16 @@ inline std::string format_value(double v) {
   return os.str();
 }
 
-// Throw std::invalid_argument with `message` unless `condition` holds.
-inline void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument(message);
+// Throw std::invalid_argument unless `condition` holds, with the message made of `parts`
+// (strings, numbers; doubles with all their digits). The message is built only on failure:
+// checks on every call of a hot path cost a comparison, not string formatting.
+template <class... Parts>
+inline void require(bool condition, const Parts&... parts) {
+  if (condition) return;
+  std::ostringstream os;
+  os.precision(std::numeric_limits<double>::digits10);
+  (os << ... << parts);
+  throw std::invalid_argument(os.str());
 }
 
 }  // namespace pygpfast
