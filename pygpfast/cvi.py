@@ -26,13 +26,12 @@ Two methods reach the same optimum of the same bound:
 Hyperparameters (kernel, constant prior means, ordinal thresholds) are learned by maximising the
 bound at the optimum with L-BFGS-B; its gradient comes from the envelope theorem in O(N^2) once V
 is known. Predictions: latent means and variances at new inputs, class probabilities by
-Gauss-Hermite quadrature (quasi-Monte Carlo cubature over the C latents for ``"multinomial"``).
+Gauss-Hermite quadrature (for ``"multinomial"``, E[softmax(z)] by :class:`pygpfast.likelihoods.Softmax`).
 
 Public estimators: :class:`VGPClassifier` and :class:`VGPPoissonRegressor`; the building blocks
 :class:`LocalBound`, :func:`infer` and :func:`oa_objective` are public for tests and benchmarks.
 """
 
-import contextlib
 import copy
 import numbers
 import time
@@ -42,14 +41,12 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.optimize
 import scipy.special
-from scipy.stats import qmc
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
-from threadpoolctl import ThreadpoolController
 
 from . import _core
 from . import likelihoods as _likelihoods
@@ -67,20 +64,13 @@ _BOUND_KINDS = ("quadratic", "linear")
 
 #: Newton iterations for the means per outer iteration of Algorithm 1.
 _MAX_NEWTON = 30
-#: Gauss-Hermite points for predictive probabilities, and quasi-Monte Carlo points (a power of
-#: 2) for the multinomial ones.
+#: Gauss-Hermite points for predictive probabilities (per latent function).
 _N_GH = 40
-_N_QMC = 4096
-#: Below this many points the inference runs with one BLAS thread: its O(N^2) BLAS-2 calls and
-#: small factorisations are too short to pay for waking a second thread (measured on the shared
-#: 2-core machine: 50x slower with two threads at N = 60, 25x at N = 280).
-_ONE_BLAS_THREAD_BELOW = 512
 #: The hyperparameter search's relative tolerance (L-BFGS-B's ftol) in units of ``tol``. At the
 #: peers' N = 2000 task (bench/python/cvi_vs_sklearn.py) tol = 1e-9 with a factor of 10 took 40
 #: evaluations; with 1e-8 and 100, 27 to a bound 5e-3 lower (1e-5 relative) and the same
 #: hold-out NLPD and accuracy to four digits.
 _SEARCH_TOL_FACTOR = 100.0
-_controller = None
 #: Flops charged per (alpha, lambda) coordinate for one L-BFGS-B iteration (two-loop recursion
 #: with 10 pairs and the bound projections); negligible next to the O(N^3) objective.
 _LBFGS_FLOPS_PER_COORDINATE = 50
@@ -204,17 +194,6 @@ class InferenceResult:
     info: dict
 
 
-def _blas_threads_for(n):
-    """A context that holds BLAS to one thread for problems of fewer than
-    _ONE_BLAS_THREAD_BELOW points (and changes nothing above)."""
-    global _controller
-    if n >= _ONE_BLAS_THREAD_BELOW:
-        return contextlib.nullcontext()
-    if _controller is None:
-        _controller = ThreadpoolController()
-    return _controller.limit(limits=1, user_api="blas")
-
-
 def _check_sigma(Sigma):
     Sigma = np.ascontiguousarray(Sigma, dtype=np.float64)
     if Sigma.ndim != 2 or Sigma.shape[0] != Sigma.shape[1] or Sigma.shape[0] == 0:
@@ -282,13 +261,12 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
     mean = _mean_vector(mean, L)
     alpha = _latent_array(alpha, L, N, "alpha")
     lambda_ = _latent_array(lambda_, L, N, "lambda_")
-    with _blas_threads_for(N):
-        if method == "opper-archambeau":
-            return _infer_oa(Sigma, y, local_bound, mean, alpha, np.maximum(lambda_, 0.0),
-                             max_iter, tol)
-        info, a, lam, V = _core.cvi_infer(
-            *local_bound._core_args(), y, Sigma, mean, alpha, lambda_, int(max_iter), float(tol),
-            int(block_size), _MAX_NEWTON, float(skip_tol), bool(return_V))
+    if method == "opper-archambeau":
+        return _infer_oa(Sigma, y, local_bound, mean, alpha, np.maximum(lambda_, 0.0),
+                         max_iter, tol)
+    info, a, lam, V = _core.cvi_infer(
+        *local_bound._core_args(), y, Sigma, mean, alpha, lambda_, int(max_iter), float(tol),
+        int(block_size), _MAX_NEWTON, float(skip_tol), bool(return_V))
     history = info.pop("history")
     return InferenceResult(info["bound"], a, lam, V, history, info["iterations"],
                            info["converged"], info)
@@ -486,9 +464,8 @@ class _VGPEstimator(BaseEstimator):
         kernel = copy.deepcopy(self.kernel) if self.kernel is not None else _default_kernel(X, rs)
         run = _Run(self, X, t, _Hyperparameters(kernel, local_bound,
                                                 np.asarray(mean, dtype=np.float64), learn_mean))
-        with _blas_threads_for(X.shape[0]):
-            theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
-            info, alpha, lam, Pi = run.at(theta)
+        theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
+        info, alpha, lam, Pi = run.at(theta)
         if not self.optimize_hyperparameters:
             self.history_, self.n_evaluations_ = info["history"][:, 0].copy(), 1
             self.n_iter_ = int(info["iterations"])
@@ -586,7 +563,7 @@ _COMMON_DOC = """
         Added to the diagonal of K(X, X), relative to its mean diagonal: it keeps the rank-one
         updates of V accurate when K is numerically singular.
     random_state : int, RandomState or None
-        For the default kernel's heuristic and the quasi-Monte Carlo predictions.
+        For the default kernel's heuristic.
 """
 
 _COMMON_ATTRIBUTES = """
@@ -716,7 +693,7 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         mean, var = self.predict_latent(X)
         kind = self.likelihood
         if kind == "multinomial":
-            return self._multinomial_proba(mean, var)
+            return _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_proba(mean, var)
         sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
         if kind == "logit":
             p1 = np.clip(sig.predict_mean_and_var(mean[:, 0], var[:, 0])[0], 0.0, 1.0)
@@ -733,18 +710,6 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         F = np.column_stack([sig.predict_mean_and_var(p - mean[:, 0], var[:, 0])[0] for p in phi])
         F = np.column_stack([np.zeros(len(F)), np.clip(F, 0.0, 1.0), np.ones(len(F))])
         return np.maximum(np.diff(F, axis=1), 0.0)
-
-    def _multinomial_proba(self, mean, var, chunk=256):
-        """E[softmax(z)] under independent N(mean, var) by scrambled Sobol cubature."""
-        C = mean.shape[1]
-        rs = check_random_state(self.random_state)
-        u = qmc.Sobol(C, scramble=True, seed=rs.randint(2**31 - 1)).random(_N_QMC)
-        z = scipy.special.ndtri(np.clip(u, 1e-16, 1 - 1e-16))  # [S, C]
-        out = np.empty_like(mean)
-        for i in range(0, len(mean), chunk):
-            s = mean[i:i + chunk, None, :] + np.sqrt(var[i:i + chunk, None, :]) * z[None]
-            out[i:i + chunk] = scipy.special.softmax(s, axis=2).mean(axis=1)
-        return out
 
     def predict_log_proba(self, X):
         """log p(y = class | X) [T, C]."""

@@ -31,6 +31,11 @@ using Clock = std::chrono::steady_clock;
 constexpr index_t kMinUpdatePanel = 64, kMaxUpdatePanel = 256;
 constexpr double kParallelUpdateFlops = 3e7;
 
+// Problems of fewer points run on one thread, BLAS included (SingleThreadScope): their O(N^2)
+// BLAS-2 calls and small factorisations are too short to pay for waking a second thread
+// (measured on a shared 2-core machine: 50x slower with two threads at N = 60, 25x at N = 280).
+constexpr index_t kOneThreadBelow = 512;
+
 // Work counted for Result::flops and Result::bound_evaluations.
 struct Counter {
   double flops = 0.0;
@@ -708,6 +713,7 @@ class Inference {
 
 Result infer(const LocalBound& lb, const double* y, ConstMatrixView Sigma, const double* mean,
              double* alpha, double* lambda, const Options& opt, double* V_out) {
+  const SingleThreadScope small(Sigma.rows < kOneThreadBelow);
   Inference inf(lb, y, Sigma, mean, alpha, lambda, opt);
   Result res = inf.run();
   if (V_out != nullptr) {
@@ -725,6 +731,7 @@ Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrix
                 const double* y, const double* mean, double jitter, double* alpha,
                 double* lambda, const Options& opt, Gradients* grads, double* Pi_out) {
   const index_t N = X.rows;
+  const SingleThreadScope small(N < kOneThreadBelow);
   require(N >= 1, "cvi: need at least one data point");
   require(X.cols == kernel.input_dim(), "cvi: X has ", X.cols, " columns but the kernel expects ",
           kernel.input_dim());
@@ -778,6 +785,7 @@ double oa_objective(const LocalBound& lb, const double* y, ConstMatrixView Sigma
   validate(lb);
   check_sigma(Sigma);
   const index_t N = Sigma.rows, L = lb.num_latent();
+  const SingleThreadScope small(N < kOneThreadBelow);
   check_labels(lb, y, N);
   for (index_t i = 0; i < L * N; ++i)
     require(lambda[i] >= 0.0 && std::isfinite(lambda[i]) && std::isfinite(alpha[i]),

@@ -42,7 +42,7 @@ PYGPFAST_SIMD_CLONES void interior_knots(const double* knots, index_t R, double 
     const double inside = std::fabs(zk) < kTailCut ? 1.0 : 0.0;
     const double zc = inside != 0.0 ? zk : 0.0;
     double t, P;
-    vmath::detail::erfcx_series(zc, t, P);
+    vmath::erfcx_series(zc, t, P);
     const double g = vmath::exp(-0.5 * zc * zc);
     z[k] = zk;
     phi[k] = inside * kInvSqrt2Pi * g;

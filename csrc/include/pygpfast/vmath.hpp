@@ -123,10 +123,9 @@ namespace pygpfast::vmath {
 // a log), so a loop that evaluates one g per SIMD lane waits on latency. The array form below
 // runs it in two passes over a block (the series; then the exps and the log), which lets the
 // processor overlap consecutive iterations: about 1.8x the throughput of the fused form.
-namespace detail {
 
-// t = 2 / (2 + |x|) and P(t) for x = -g / sqrt(2). The series is summed as its even and odd
-// halves, two independent recurrences in v = T_2(c) = 2c^2 - 1 (T_2j(c) = T_j(v) and
+// t = 2 / (2 + |x|) and P(t) for x = -g / sqrt(2), so that erfc(|x|) = t e^P e^{-x^2} (also
+// used for the normal tails of piecewise.cpp). The series is summed as its even and odd halves, two independent recurrences in v = T_2(c) = 2c^2 - 1 (T_2j(c) = T_j(v) and
 // T_2j+1(c) = c V_j(v), V the Chebyshev polynomials of the third kind), which halves the
 // dependency chain of Clenshaw's recurrence.
 [[gnu::always_inline]] inline void erfcx_series(double g, double& t, double& P) {
@@ -163,6 +162,8 @@ namespace detail {
   P = (kC[0] + v * e1 - e2) + c * (kC[1] + (2.0 * v - 1.0) * o1 - o2);
 }
 
+namespace detail {
+
 // log Phi(g) and lambda from t and P (see above).
 [[gnu::always_inline]] inline void log_normal_cdf_from_series(double g, double t, double P, double& log_cdf,
                                                               double& lambda) {
@@ -188,7 +189,7 @@ namespace detail {
 // One value (for code that evaluates few of them).
 [[gnu::always_inline]] inline void log_normal_cdf(double g, double& log_cdf, double& lambda) {
   double t, P;
-  detail::erfcx_series(g, t, P);
+  erfcx_series(g, t, P);
   detail::log_normal_cdf_from_series(g, t, P, log_cdf, lambda);
 }
 
@@ -202,7 +203,7 @@ constexpr int kLogNormalCdfBlock = 256;
     const long m = n - start < kLogNormalCdfBlock ? n - start : kLogNormalCdfBlock;
     const double* gb = g + start;
 #pragma omp simd
-    for (long i = 0; i < m; ++i) detail::erfcx_series(gb[i], t[i], P[i]);
+    for (long i = 0; i < m; ++i) erfcx_series(gb[i], t[i], P[i]);
 #pragma omp simd
     for (long i = 0; i < m; ++i)
       detail::log_normal_cdf_from_series(gb[i], t[i], P[i], log_cdf[start + i], lambda[start + i]);
