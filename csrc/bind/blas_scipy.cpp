@@ -66,7 +66,6 @@ void bind_blas(py::module_& m) {
   t.dpotri = reinterpret_cast<blas::dpotri_t>(capsule_pointer(l, lm, "dpotri"));
   t.dtrtri = reinterpret_cast<blas::dtrtri_t>(capsule_pointer(l, lm, "dtrtri"));
   t.dpotrs = reinterpret_cast<blas::dpotrs_t>(capsule_pointer(l, lm, "dpotrs"));
-  t.dsygst = reinterpret_cast<blas::dsygst_t>(capsule_pointer(l, lm, "dsygst"));
   t.dlauum = reinterpret_cast<blas::dlauum_t>(capsule_pointer(l, lm, "dlauum"));
   t.set_num_threads_local = find_set_num_threads_local(reinterpret_cast<void*>(t.dgemm));
   blas::set_table(t);

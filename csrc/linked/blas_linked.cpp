@@ -22,7 +22,6 @@ void dpotrf_(char*, int*, double*, int*, int*);
 void dpotri_(char*, int*, double*, int*, int*);
 void dtrtri_(char*, char*, int*, double*, int*, int*);
 void dpotrs_(char*, int*, int*, double*, int*, double*, int*, int*);
-void dsygst_(int*, char*, int*, double*, int*, double*, int*, int*);
 void dlauum_(char*, int*, double*, int*, int*);
 // Present from OpenBLAS 0.3.27 on; weak, so older BLAS still link.
 int openblas_set_num_threads_local(int) __attribute__((weak));
@@ -49,7 +48,6 @@ void install_linked_blas() {
   t.dpotri = dpotri_;
   t.dtrtri = dtrtri_;
   t.dpotrs = dpotrs_;
-  t.dsygst = dsygst_;
   t.dlauum = dlauum_;
   t.set_num_threads_local = openblas_set_num_threads_local;  // (null if absent)
   set_table(t);

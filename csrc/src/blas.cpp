@@ -42,7 +42,7 @@ const std::vector<std::string>& routine_names() {
   static const std::vector<std::string> names = {
       "dgemm", "dsyrk", "dsymm",  "dtrsm",  "dtrmm",  "dgemv", "dtrsv", "dsymv",
       "dger",  "dsyr",  "ddot",   "daxpy",  "dscal",  "dpotrf", "dpotri", "dtrtri",
-      "dpotrs", "dsygst", "dlauum"};
+      "dpotrs", "dlauum"};
   return names;
 }
 
@@ -65,7 +65,6 @@ void set_table(const Table& t) {
       reinterpret_cast<const void*>(t.dpotri),
       reinterpret_cast<const void*>(t.dtrtri),
       reinterpret_cast<const void*>(t.dpotrs),
-      reinterpret_cast<const void*>(t.dsygst),
       reinterpret_cast<const void*>(t.dlauum),
   };
   std::string missing;
@@ -265,17 +264,6 @@ int lauum_lower(MatrixView L) {
   char ul = 'U';
   int in = to_int(L.rows, "lauum"), la = ld_of(L), info = 0;
   table().dlauum(&ul, &in, L.data, &la, &info);
-  return info;
-}
-
-int congruence_lower(MatrixView A, ConstMatrixView L) {
-  check(A.rows == A.cols && L.rows == L.cols && A.rows == L.rows, "sygst", "A and L must be square and alike");
-  if (A.rows == 0) return 0;
-  // Column-major, L is U = L^T (upper) and A's row-major lower triangle its upper one:
-  // dsygst(3, 'U') forms U A U^T = L^T A L.
-  int itype = 3, in = to_int(A.rows, "sygst"), la = ld_of(A), lb = ld_of(L), info = 0;
-  char ul = 'U';
-  table().dsygst(&itype, &ul, &in, A.data, &la, const_cast<double*>(L.data), &lb, &info);
   return info;
 }
 

@@ -11,6 +11,7 @@
 
 #include "pygpfast/blas.hpp"
 #include "pygpfast/errors.hpp"
+#include "pygpfast/linalg.hpp"
 #include "pygpfast/threads.hpp"
 #include "pygpfast/vmath.hpp"
 
@@ -81,13 +82,6 @@ class Matrix {
   std::unique_ptr<double[]> data_;
   index_t rows_, cols_;
 };
-
-// Copies the lower triangle of a square matrix onto its upper triangle.
-void mirror_lower(MatrixView S) {
-  for_each_row(S.rows, S.cols, true, [&](index_t i, index_t) noexcept {
-    for (index_t j = 0; j < i; ++j) S(j, i) = S(i, j);
-  });
-}
 
 // out = alpha * A B^T. When `same` (B is A) only the lower triangle is computed, by syrk:
 // half the flops, and the caller mirrors it, which makes K(X, X) exactly symmetric.
@@ -323,7 +317,7 @@ class Stationary final : public Node {
     for_each_row(out.rows, out.cols, in.same, [&](index_t i, index_t end) noexcept {
       stationary_row(T, out.row(i), s.b_norms.data(), s.a_norms[i], in.same ? i : -1, variance_, end);
     });
-    if (in.same) mirror_lower(out);
+    if (in.same) linalg::mirror_lower(out);
   }
 
   void Kdiag(ConstMatrixView X, double* out) const override {
@@ -343,7 +337,7 @@ class Stationary final : public Node {
     Matrix W_buf(N, M);
     const MatrixView W = W_buf.view();
     cross_product(s.a, s.b, in.same, -2.0, W);
-    if (in.same) mirror_lower(W);
+    if (in.same) linalg::mirror_lower(W);
 
     // Per-row partial sums of G o f (variance), W (R) and W o r^2 (isotropic lengthscale).
     std::vector<double> row_gf(N), row_w(N), row_wr2(N);
@@ -468,7 +462,7 @@ class Linear final : public Node {
     const Matrix a = scale_columns(in.X, no_shift_, sqrt_variance_);
     if (in.same) {
       cross_product(a.view(), a.view(), true, 1.0, out);
-      mirror_lower(out);
+      linalg::mirror_lower(out);
     } else {
       const Matrix b = scale_columns(in.X2, no_shift_, sqrt_variance_);
       cross_product(a.view(), b.view(), false, 1.0, out);

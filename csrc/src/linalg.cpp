@@ -7,6 +7,7 @@
 
 #include "pygpfast/blas.hpp"
 #include "pygpfast/errors.hpp"
+#include "pygpfast/threads.hpp"
 
 namespace pygpfast::linalg {
 
@@ -120,20 +121,17 @@ double logdet_from_cholesky(ConstMatrixView L) {
   return 2.0 * s;
 }
 
-namespace {
-// LAPACK's dsygst runs its diagonal blocks (64 wide) with level-2 BLAS; below this size two
-// triangular products (2 M^3 flops, level 3) take less time than its M^3 (measured with
-// OpenBLAS).
-constexpr index_t kCongruenceBySygst = 512;
-}  // namespace
-
 void mirror_lower(MatrixView A) {
   constexpr index_t t = 32;  // tiles that stay in cache
-  const index_t n = A.rows;
-  for (index_t i0 = 0; i0 < n; i0 += t)
-    for (index_t j0 = 0; j0 <= i0; j0 += t)
-      for (index_t i = i0; i < std::min(i0 + t, n); ++i)
-        for (index_t j = j0; j < std::min(j0 + t, i); ++j) A(j, i) = A(i, j);
+  const index_t n = A.rows, tile_rows = (n + t - 1) / t;
+  // Threads only for large matrices (a row of tiles holds about t n / 2 entries).
+  parallel_for(tile_rows, std::max<index_t>(1, (index_t{1} << 16) / std::max<index_t>(t * n / 2, 1)),
+               [&](index_t r) noexcept {
+                 const index_t i0 = r * t;
+                 for (index_t j0 = 0; j0 <= i0; j0 += t)
+                   for (index_t i = i0; i < std::min(i0 + t, n); ++i)
+                     for (index_t j = j0; j < std::min(j0 + t, i); ++j) A(j, i) = A(i, j);
+               });
 }
 
 double fixed_order_sum(const double* x, index_t n) {
@@ -142,53 +140,75 @@ double fixed_order_sum(const double* x, index_t n) {
   return s;
 }
 
-void cholesky_reverse(ConstMatrixView L, MatrixView G, const double* Linv) {
+namespace {
+
+// One diagonal block of cholesky_reverse: Dbar (lower triangle read) becomes the lower-only
+// gradient with respect to D0 = D D^T: the symmetric L^-T sym(Phi(D^T Dbar)) L^-1 (Murray's
+// eq. 10, 2 w^3 flops in triangular BLAS-3) folded onto the lower triangle.
+void cholesky_reverse_block(ConstMatrixView D, MatrixView Dbar, std::vector<double>& work) {
+  using namespace blas;
+  const index_t w = D.rows;
+  work.resize(static_cast<std::size_t>(w * w));
+  const MatrixView P(work.data(), w, w);
+  for (index_t i = 0; i < w; ++i)
+    for (index_t j = 0; j < w; ++j) P(i, j) = j <= i ? Dbar(i, j) : 0.0;
+  trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, D, P);  // D^T Dbar
+  for (index_t i = 0; i < w; ++i) {
+    for (index_t j = 0; j < i; ++j) P(j, i) = P(i, j) *= 0.5;
+    P(i, i) *= 0.5;
+  }
+  trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, D, P);
+  trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, D, P);
+  for (index_t i = 0; i < w; ++i) {
+    for (index_t j = 0; j < i; ++j) Dbar(i, j) = P(i, j) + P(j, i);
+    Dbar(i, i) = P(i, i);
+  }
+}
+
+}  // namespace
+
+// Murray's blocked algorithm (2016, section 4), run backwards over the column blocks of the
+// left-looking blocked Cholesky: with D = L[j:k, j:k], R = L[j:k, :j], C = L[k:, j:k] and
+// B = L[k:, :j] (and their bars in G), where C = (A[k:, j:k] - B R^T) D^-T,
+//   Cbar <- Cbar D^-1,  Bbar -= Cbar R,  Rbar -= Cbar^T B,  Dbar -= tril(Cbar^T C),
+//   Dbar <- the block's own reverse,  Rbar -= (Dbar + Dbar^T) R.
+// The GEMMs dominate: about 2 M^3 / 3 flops.
+void cholesky_reverse(ConstMatrixView L, MatrixView G) {
+  using namespace blas;
   const index_t M = L.rows;
   require(L.cols == M && G.rows == M && G.cols == M, "cholesky_reverse: L and Lbar must be [M, M]");
   if (M == 0) return;
-  // X = lower triangle of L^T Lbar: row panel [i0, i0 + nb) of X is L[i0:, panel]^T Lbar[i0:, :i0 + nb]
-  // (rows of L and Lbar above i0 are zero in those columns).
-  std::vector<double> X(static_cast<std::size_t>(M * M));
-  const MatrixView XV(X.data(), M, M);
   constexpr index_t nb = 64;
-  for (index_t i0 = 0; i0 < M; i0 += nb) {
-    const index_t rows = std::min(nb, M - i0), below = M - i0;
-    blas::gemm(blas::Trans::Yes, blas::Trans::No, 1.0, ConstMatrixView(L.row(i0) + i0, below, rows, L.ld),
-               ConstMatrixView(G.row(i0), below, i0 + rows, G.ld), 0.0, MatrixView(XV.row(i0), rows, i0 + rows, M));
-  }
-  // P = sym(Phi(X)) in G's lower triangle, then G = L^-T P L^-1.
-  for (index_t i = 0; i < M; ++i) {
-    for (index_t j = 0; j < i; ++j) G(i, j) = 0.5 * XV(i, j);
-    G(i, i) = 0.5 * XV(i, i);
-  }
-  if (M >= kCongruenceBySygst) {
-    std::vector<double> Y_own;
-    if (Linv == nullptr) {
-      Y_own.assign(static_cast<std::size_t>(M * M), 0.0);
-      for (index_t i = 0; i < M; ++i)
-        for (index_t j = 0; j <= i; ++j) Y_own[i * M + j] = L(i, j);
-      if (blas::trtri_lower(MatrixView(Y_own.data(), M, M)) != 0)
-        throw LinAlgError("trtri", 1, "cholesky_reverse: the Cholesky factor is singular");
-      Linv = Y_own.data();
+  std::vector<double> work, S;
+  for (index_t j = ((M - 1) / nb) * nb; j >= 0; j -= nb) {
+    const index_t k = std::min(j + nb, M), w = k - j, below = M - k;
+    const ConstMatrixView D(L.row(j) + j, w, w, L.ld), R(L.row(j), w, j, L.ld);
+    const MatrixView Dbar(G.row(j) + j, w, w, G.ld), Rbar(G.row(j), w, j, G.ld);
+    if (below > 0) {
+      const ConstMatrixView C(L.row(k) + j, below, w, L.ld), B(L.row(k), below, j, L.ld);
+      const MatrixView Cbar(G.row(k) + j, below, w, G.ld), Bbar(G.row(k), below, j, G.ld);
+      trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, D, Cbar);
+      gemm(Trans::Yes, Trans::No, -1.0, Cbar, C, 1.0, Dbar);  // (the upper triangle is not read)
+      if (j > 0) {
+        gemm(Trans::No, Trans::No, -1.0, Cbar, R, 1.0, Bbar);
+        gemm(Trans::Yes, Trans::No, -1.0, Cbar, B, 1.0, Rbar);
+      }
     }
-    if (blas::congruence_lower(G, ConstMatrixView(Linv, M, M)) != 0)
-      throw LinAlgError("sygst", 1, "cholesky_reverse: bad argument to the congruence");
-  } else {
-    using blas::Diag;
-    using blas::Side;
-    using blas::Trans;
-    using blas::Uplo;
-    mirror_lower(G);
-    if (Linv != nullptr) {
-      const ConstMatrixView Y(Linv, M, M);
-      blas::trmm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, G);
-      blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, G);
-    } else {
-      blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, L, G);
-      blas::trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, L, G);
+    cholesky_reverse_block(D, Dbar, work);
+    if (j > 0) {
+      // Dbar + Dbar^T, stored in its lower triangle.
+      S.assign(static_cast<std::size_t>(w * w), 0.0);
+      const MatrixView SV(S.data(), w, w);
+      for (index_t i = 0; i < w; ++i) {
+        for (index_t c = 0; c < i; ++c) SV(i, c) = Dbar(i, c);
+        SV(i, i) = 2.0 * Dbar(i, i);
+      }
+      symm(Side::Left, Uplo::Lower, -1.0, SV, R, 1.0, Rbar);
     }
   }
-  mirror_lower(G);  // (exactly symmetric: the products above are so only up to rounding)
+  // Lower-only gradient to the symmetric one: off-diagonal entries are shared by two.
+  for (index_t i = 0; i < M; ++i)
+    for (index_t j = 0; j < i; ++j) G(j, i) = G(i, j) *= 0.5;
 }
 
 void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G, double beta) {

@@ -729,7 +729,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     }
   }
   zero_strict_upper(dLzV);
-  linalg::cholesky_reverse(LzV, dLzV, sh.precomputed ? sh.Y.data() : nullptr);  // now d/dKzz
+  linalg::cholesky_reverse(LzV, dLzV);  // now d/dKzz
 
   // Kernel: through Kzx (the blocks' shares), Kzz and diag K(X).
   std::copy(p.dkernel.begin(), p.dkernel.end(), grads->kernel);

@@ -40,7 +40,6 @@ using dpotrf_t = void (*)(char*, int*, double*, int*, int*);
 using dpotri_t = dpotrf_t;
 using dtrtri_t = void (*)(char*, char*, int*, double*, int*, int*);
 using dpotrs_t = void (*)(char*, int*, int*, double*, int*, double*, int*, int*);
-using dsygst_t = void (*)(int*, char*, int*, double*, int*, double*, int*, int*);
 using dlauum_t = void (*)(char*, int*, double*, int*, int*);
 // OpenBLAS (>= 0.3.27): the calling thread's BLAS thread count; returns the previous one.
 using set_num_threads_local_t = int (*)(int);
@@ -63,7 +62,6 @@ struct Table {
   dpotri_t dpotri = nullptr;
   dtrtri_t dtrtri = nullptr;
   dpotrs_t dpotrs = nullptr;
-  dsygst_t dsygst = nullptr;
   dlauum_t dlauum = nullptr;
   // Optional (null when the BLAS has no per-thread setting): see threads.hpp.
   set_num_threads_local_t set_num_threads_local = nullptr;
@@ -121,8 +119,5 @@ int trtri_lower(MatrixView L, Diag d = Diag::NonUnit);
 int potri_lower(MatrixView L);
 // In place, the lower triangle of L^T L for a lower-triangular L (dlauum, M^3 / 3 flops).
 int lauum_lower(MatrixView L);
-// In place, the lower triangle of L^T A L for a symmetric A (lower triangle referenced) and a
-// lower-triangular L (dsygst with itype 3, M^3 flops).
-int congruence_lower(MatrixView A, ConstMatrixView L);
 
 }  // namespace pygpfast::blas

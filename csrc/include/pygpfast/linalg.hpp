@@ -44,11 +44,9 @@ double logdet_from_cholesky(ConstMatrixView L);
 
 // Reverse mode of the Cholesky factorisation A = L L^T (Murray 2016): given Lbar = dE/dL (lower
 // triangle read), overwrite it with the symmetric G = dE/dA (both triangles written, with
-// dE = sum_ij G_ij dA_ij):  G = L^-T Phi(L^T Lbar) L^-1 symmetrised, Phi the lower triangle with
-// the diagonal halved. The lower triangle of L^T Lbar by panel GEMMs (M^3 / 3 flops), then the
-// congruence by two triangular products or solves (2 M^3; Linv = L^-1, [M, M] lower, is used
-// when given) or, from M = 512 on, LAPACK's dsygst (M^3, with L^-1 computed when not given).
-void cholesky_reverse(ConstMatrixView L, MatrixView Lbar_in_G_out, const double* Linv = nullptr);
+// dE = sum_ij G_ij dA_ij), equal to L^-T sym(Phi(L^T Lbar)) L^-1 with Phi the lower triangle and
+// the diagonal halved. Blocked, by GEMMs of about 2 M^3 / 3 flops in all.
+void cholesky_reverse(ConstMatrixView L, MatrixView Lbar_in_G_out);
 
 // G = beta G + A diag(g) A^T for A [M, K] and weights g [K] of either sign, written in full
 // (both triangles) into G [M, M] (symmetric on entry when beta != 0). One SYRK on
