@@ -121,17 +121,32 @@ double logdet_from_cholesky(ConstMatrixView L) {
   return 2.0 * s;
 }
 
-void mirror_lower(MatrixView A) {
-  constexpr index_t t = 32;  // tiles that stay in cache
-  const index_t n = A.rows, tile_rows = (n + t - 1) / t;
-  // Threads only for large matrices (a row of tiles holds about t n / 2 entries).
+namespace {
+
+// visit(i, j) for every i > j of an [n, n] matrix, in 32 x 32 tiles so that the entries
+// (i, j) and (j, i) a visit touches stay in cache; rows of tiles go to threads for large n
+// (a row of tiles holds about 16 n entries).
+template <class Visit>
+void visit_strict_lower(index_t n, const Visit& visit) {
+  constexpr index_t t = 32;
+  const index_t tile_rows = (n + t - 1) / t;
   parallel_for(tile_rows, std::max<index_t>(1, (index_t{1} << 16) / std::max<index_t>(t * n / 2, 1)),
                [&](index_t r) noexcept {
                  const index_t i0 = r * t;
                  for (index_t j0 = 0; j0 <= i0; j0 += t)
                    for (index_t i = i0; i < std::min(i0 + t, n); ++i)
-                     for (index_t j = j0; j < std::min(j0 + t, i); ++j) A(j, i) = A(i, j);
+                     for (index_t j = j0; j < std::min(j0 + t, i); ++j) visit(i, j);
                });
+}
+
+}  // namespace
+
+void mirror_lower(MatrixView A) {
+  visit_strict_lower(A.rows, [&](index_t i, index_t j) noexcept { A(j, i) = A(i, j); });
+}
+
+void symmetrise(MatrixView A) {
+  visit_strict_lower(A.rows, [&](index_t i, index_t j) noexcept { A(i, j) = A(j, i) = 0.5 * (A(i, j) + A(j, i)); });
 }
 
 double fixed_order_sum(const double* x, index_t n) {

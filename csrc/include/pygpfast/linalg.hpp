@@ -35,6 +35,9 @@ void cholesky_downdate(MatrixView L, double* x);
 // Copies the lower triangle of a square A onto its upper triangle (in cache-sized tiles).
 void mirror_lower(MatrixView A);
 
+// A <- (A + A^T) / 2 for a square A (in the same tiles).
+void symmetrise(MatrixView A);
+
 // x[0] + x[1] + ... + x[n-1] in that order (results do not depend on how x was computed in
 // parallel).
 double fixed_order_sum(const double* x, index_t n);
