@@ -9,8 +9,8 @@ session (each backend in a fresh process with the same thread count), and their 
 reported next to pygpfast's.
 
 "frac GEMM" uses the peers' nominal flop count, (7/3) M^3 + 10 M^2 B + 9 D (M^2 + M B), so that
-it compares across libraries; "own GF/s" divides pygpfast's own count (svgp.hpp: 3 B M^2 + ~13 M^3
-on the precomputed path, ~8 B M^2 + ~2 M^3 on the triangular-solve path) by its time. The "path"
+it compares across libraries; "own GF/s" divides pygpfast's own count (svgp.hpp: 3 B M^2 + ~8 M^3
+on the precomputed path, ~8 B M^2 + ~1 M^3 on the triangular-solve path) by its time. The "path"
 column says which of the two evaluations ran.
 
 Usage:
@@ -54,8 +54,8 @@ def nominal_gflop(M, B):
 def own_gflop(M, B, path):
     """pygpfast's own flop count of the BLAS work (svgp.hpp), for one latent function."""
     if path == "precomputed":
-        return (3.0 * M**2 * B + 13.0 * M**3) / 1e9
-    return (8.0 * M**2 * B + 2.0 * M**3) / 1e9
+        return (3.0 * M**2 * B + 8.0 * M**3) / 1e9
+    return (8.0 * M**2 * B + 1.0 * M**3) / 1e9
 
 
 def path_used(model, X, y, scale):

@@ -522,7 +522,10 @@ void precomputed_to_whitened(const Shared& sh, const Wants& wants, Partials& p) 
   }
 }
 
-// Flop counts of the two paths (svgp.hpp), triangular BLAS-3 weighted at 1 / 0.7.
+// Costs of the two paths in flop-equivalents (svgp.hpp): the B M^2 terms are the flop counts; the
+// M^3 terms weight the small triangular BLAS-3 calls by their lower speed, and put the paths'
+// crossover where it was measured on one thread (B of about 2 M at M = 64, 2.2 M at M = 256 and
+// 2.5 M at M = 1024).
 double path_cost(Path path, index_t M, index_t B, index_t L) {
   const double bm2 = static_cast<double>(B) * M * M, m3 = static_cast<double>(M) * M * M;
   return path == Path::Solve ? (4.0 + 4.0 * L) * bm2 + 2.0 * m3 : 3.1 * L * bm2 + (5.0 + 7.3 * L) * m3;

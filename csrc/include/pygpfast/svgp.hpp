@@ -20,13 +20,15 @@
 //                      latent function C_l = Sigma_l Kzx (SYMM, 2 B M^2) gives var, and dKzx =
 //                      2 C_l diag(g) + beta gmu^T needs no further product; d/dSigma_l =
 //                      Kzx diag(g) Kzx^T (SYRK, B M^2). 3 L B M^2 flops at GEMM's rate plus
-//                      about (6 + 7 L) M^3: the faster path once B exceeds ~3 M.
+//                      about (2/3 + 6 L) M^3 (Sigma and its reverse): the faster path once B
+//                      exceeds 2 to 2.5 M (measured at M = 64, 256 and 1024).
 // Path::Auto picks the cheaper by that count. The precomputed form sums terms of the size of
 // cond(Kzz) that cancel to var_n, so it loses about log10(cond(Kzz)) digits; after it, the
 // variances of the two points of each column block most exposed to that (largest |k_n|^2 /
 // var_n) are recomputed by triangular solves, and a block where any differs by more than 1e-8
-// relative is redone by Path::Solve. Plus, on either path, O(M^3) for the Cholesky of Kzz and
-// its reverse mode, O(B M D) for the kernel and the per-point expectations.
+// relative is redone by Path::Solve. Plus, on either path, M^3 / 3 for the Cholesky of Kzz and
+// about 2 M^3 / 3 for its reverse mode (linalg.hpp), O(B M D) for the kernel and the per-point
+// expectations.
 //
 // Threads: the minibatch is cut into up to 8 column blocks that the threads take dynamically and
 // evaluate independently (kernel, marginals, expectations, reverse pass, kernel vjp) with
