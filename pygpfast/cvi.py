@@ -512,8 +512,7 @@ class _VGPEstimator(BaseEstimator):
         codes, params = hyper.kernel._spec(X.shape[1])
         max_iter = self.inner_max_iter
         if self.method == "opper-archambeau":
-            K = hyper.kernel(X)
-            K[np.diag_indices_from(K)] += self.jitter * np.mean(np.diag(K))
+            K = _core.cvi_prior_covariance(codes, params, X, self.jitter)
             oa = _infer_oa(K, t, hyper.local_bound, hyper.mean, alpha, lam, max_iter, self.tol)
             alpha, lam, max_iter = oa.alpha, oa.lambda_, 0  # the core then only differentiates
         info, alpha, lam, grads, Pi = _core.cvi_fit_step(

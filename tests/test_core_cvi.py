@@ -392,6 +392,20 @@ def test_predict_f_matches_the_dense_formula(rng):
         assert np.allclose(var[:, l], Kss - np.einsum("ij,jk,ik->i", Ks, P, Ks), atol=1e-10)
 
 
+def test_prior_covariance_is_k_plus_relative_jitter():
+    """The one jitter rule that cvi_fit_step and the Opper-Archambeau path share."""
+    X, _, kernel, _ = _problem("logit", N=25)
+    codes, params = kernel._spec(2)
+    K = kernel(X)
+    S = _core.cvi_prior_covariance(codes, params, X, 1e-3)
+    np.testing.assert_allclose(S, K + 1e-3 * np.mean(np.diag(K)) * np.eye(25), rtol=1e-14, atol=1e-15)
+    np.testing.assert_array_equal(_core.cvi_prior_covariance(codes, params, X, 0.0), K)
+    with pytest.raises(ValueError, match="jitter must be >= 0"):
+        _core.cvi_prior_covariance(codes, params, X, -1.0)
+    with pytest.raises(ValueError, match="at least one data point"):
+        _core.cvi_prior_covariance(codes, params, X[:0], 1e-6)
+
+
 def test_errors_are_clear():
     X, y, kernel, lb = _problem("logit", N=10)
     Sigma = kernel(X)

@@ -209,6 +209,21 @@ void bind_cvi(py::module_& m) {
       "(value, d_alpha [L, N], d_lambda [L, N], flops, bound_evaluations).");
 
   m.def(
+      "cvi_prior_covariance",
+      [](const py::array& codes, const py::array& params, const py::array& X, double jitter) {
+        const auto Xv = as_matrix(X, "X");
+        const kernels::Kernel kernel = make_kernel(codes, params, Xv.cols);
+        auto S = new_matrix(Xv.rows, Xv.rows);
+        {
+          py::gil_scoped_release release;
+          cvi::prior_covariance(kernel, Xv, jitter, view_of(S), nullptr);
+        }
+        return S;
+      },
+      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("jitter"),
+      "The prior covariance of cvi_fit_step, K(X, X) + jitter mean(diag K) I [N, N].");
+
+  m.def(
       "cvi_predict_f",
       [](const py::array& codes, const py::array& params, const py::array& X,
          const py::array& mean, const py::array& alpha, const py::array& Pi,

@@ -727,22 +727,32 @@ Result infer(const LocalBound& lb, const double* y, ConstMatrixView Sigma, const
   return res;
 }
 
+void prior_covariance(const kernels::Kernel& kernel, ConstMatrixView X, double jitter, MatrixView S,
+                      double* diag) {
+  const index_t N = X.rows;
+  require(N >= 1, "cvi: need at least one data point");
+  require(X.cols == kernel.input_dim(), "cvi: X has ", X.cols, " columns but the kernel expects ",
+          kernel.input_dim());
+  require(S.rows == N && S.cols == N, "cvi: the prior covariance must be [N, N]");
+  require(jitter >= 0.0 && std::isfinite(jitter), "cvi: jitter must be >= 0");
+  kernel.K(X, X, true, S);
+  double mean_diag = 0.0;
+  for (index_t i = 0; i < N; ++i) {
+    mean_diag += S(i, i);
+    if (diag != nullptr) diag[i] = S(i, i);
+  }
+  for (index_t i = 0; i < N; ++i) S(i, i) += jitter * mean_diag / static_cast<double>(N);
+}
+
 Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrixView X,
                 const double* y, const double* mean, double jitter, double* alpha,
                 double* lambda, const Options& opt, Gradients* grads, double* Pi_out) {
   const index_t N = X.rows;
   const SingleThreadScope small(N < kOneThreadBelow);
-  require(N >= 1, "cvi: need at least one data point");
-  require(X.cols == kernel.input_dim(), "cvi: X has ", X.cols, " columns but the kernel expects ",
-          kernel.input_dim());
-  require(jitter >= 0.0 && std::isfinite(jitter), "cvi: jitter must be >= 0");
   Buffer Sigma(static_cast<std::size_t>(N * N));
   MatrixView S(Sigma.data(), N, N);
-  kernel.K(X, X, true, S);
   Buffer diag(static_cast<std::size_t>(N));  // K(X, X)'s own diagonal, for the kernel's vjp
-  double mean_diag = 0.0;
-  for (index_t i = 0; i < N; ++i) mean_diag += diag[i] = S(i, i);
-  for (index_t i = 0; i < N; ++i) S(i, i) += jitter * mean_diag / static_cast<double>(N);
+  prior_covariance(kernel, X, jitter, S, diag.data());
   Inference inf(lb, y, S, mean, alpha, lambda, opt);
   Result res = inf.run();
   const index_t L = inf.L();

@@ -187,7 +187,12 @@ struct Gradients {
   double* thresholds = nullptr;  // [K-1] (Ordinal)
 };
 
-// One evaluation of the hyperparameter objective: Sigma = K(X, X) + jitter mean(diag K) I,
+// The prior covariance of fit_step, Sigma = K(X, X) + jitter mean(diag K) I, into S [N, N];
+// K's own diagonal into diag [N] when it is not null.
+void prior_covariance(const kernels::Kernel& kernel, ConstMatrixView X, double jitter, MatrixView S,
+                      double* diag);
+
+// One evaluation of the hyperparameter objective: Sigma = prior_covariance(X),
 // inference from the warm start (alpha, lambda) (overwritten), the bound at the optimum and,
 // when grads is not null, its gradients (envelope theorem, see above; the jitter is held
 // fixed). When Pi_out [L, N, N] is not null it receives Pi_l = Lambda_l - Lambda_l V_l Lambda_l
