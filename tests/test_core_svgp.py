@@ -157,6 +157,30 @@ def test_precomputed_gradients_match_finite_differences(rng, whiten):
     np.testing.assert_allclose(d_kern, num, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("path", ["solve", "precomputed"])
+@pytest.mark.parametrize("whiten", [True, False])
+def test_gradients_through_kzz_at_several_cholesky_blocks(rng, path, whiten):
+    """M = 150 spans three column blocks of the blocked Cholesky reverse (64, 64, 22): the
+    gradients that pass through Kzz (Z and the kernel's parameters) against central differences
+    along a random direction."""
+    M = 150
+    X, y, Z, kernel, m, L = path_problem(rng, M=M, B=400, D=3, lengthscale=1.5, whiten=whiten)
+    _, _, _, _, (_, _, d_Z, d_kern, _), used = elbo_by_path(kernel, Z, m, L, whiten, X, y, path, jitter=1e-4)
+    assert used == path
+    dZ = rng.standard_normal(Z.shape)
+    dlog = rng.standard_normal(kernel.n_params)
+
+    def value(t):
+        k = kernels.RBF(variance=1.1, lengthscale=np.full(3, 1.5))
+        k.params = kernel.params * np.exp(t * dlog)
+        return elbo_by_path(k, Z + t * dZ, m, L, whiten, X, y, path, jitter=1e-4)[0]
+
+    h = 1e-5
+    numeric = (value(h) - value(-h)) / (2 * h)
+    analytic = np.sum(d_Z * dZ) + np.sum(d_kern * kernel.params * dlog)
+    assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-6 * abs(value(0.0)))
+
+
 def test_auto_picks_the_cheaper_path(rng):
     X, y, Z, kernel, m, L = path_problem(rng, M=8, B=400)
     assert elbo_by_path(kernel, Z, m, L, True, X, y, "auto")[5] == "precomputed"
