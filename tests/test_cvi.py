@@ -12,7 +12,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import StandardScaler
 
 import pygpfast
-from pygpfast import VGPClassifier, VGPPoissonRegressor, cvi
+from pygpfast import VGPClassifier, VGPPoissonRegressor
 from pygpfast.datasets import load_ionosphere
 from pygpfast.kernels import RBF
 

@@ -19,7 +19,6 @@ Usage:
 """
 
 import argparse
-import json
 import sys
 
 import numpy as np

@@ -222,8 +222,7 @@ void cholesky_reverse(ConstMatrixView L, MatrixView G) {
     }
   }
   // Lower-only gradient to the symmetric one: off-diagonal entries are shared by two.
-  for (index_t i = 0; i < M; ++i)
-    for (index_t j = 0; j < i; ++j) G(j, i) = G(i, j) *= 0.5;
+  visit_strict_lower(M, [&](index_t i, index_t j) noexcept { G(j, i) = G(i, j) *= 0.5; });
 }
 
 void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G, double beta) {

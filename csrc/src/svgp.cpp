@@ -155,13 +155,13 @@ void latent_column(const double* a, index_t n, index_t L, index_t l, double* out
 struct Shared {
   index_t M = 0, L = 0;
   Buffer Lz, Kzz, mw, Lw;
-  // Path::Precomputed: Y = Lz^-1, W_l = Y^T L_w,l, Sigma_l = W_l W_l^T - Y^T Y (full), beta = Y^T m_w.
+  // Path::Precomputed: Y = Lz^-1, Sigma_l = W_l W_l^T - Y^T Y (full) with W_l = Y^T L_w,l, and
+  // beta = Y^T m_w.
   bool precomputed = false;
-  Buffer Y, W, Sigma, beta;
+  Buffer Y, Sigma, beta;
 
   ConstMatrixView LzV() const { return ConstMatrixView(Lz.data(), M, M); }
   ConstMatrixView Lw_of(index_t l) const { return ConstMatrixView(Lw.data() + l * M * M, M, M); }
-  ConstMatrixView W_of(index_t l) const { return ConstMatrixView(W.data() + l * M * M, M, M); }
   ConstMatrixView Sigma_of(index_t l) const { return ConstMatrixView(Sigma.data() + l * M * M, M, M); }
 
   void prepare_precomputed() {
@@ -175,10 +175,10 @@ struct Shared {
     Buffer Q(Y);
     const MatrixView QV(Q.data(), M, M);
     blas::lauum_lower(QV);  // Y^T Y (lower triangle)
-    W.resize(static_cast<std::size_t>(L * M * M));
+    Buffer W(static_cast<std::size_t>(M * M));
     Sigma.resize(static_cast<std::size_t>(L * M * M));
     for (index_t l = 0; l < L; ++l) {
-      const MatrixView Wl(W.data() + l * M * M, M, M), Sl(Sigma.data() + l * M * M, M, M);
+      const MatrixView Wl(W.data(), M, M), Sl(Sigma.data() + l * M * M, M, M);
       std::copy(Lw.data() + l * M * M, Lw.data() + (l + 1) * M * M, Wl.data);
       blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, YV, Wl);
       blas::syrk(Uplo::Lower, Trans::No, 1.0, Wl, 0.0, Sl);
@@ -524,8 +524,8 @@ void precomputed_to_whitened(const Shared& sh, const Wants& wants, Partials& p) 
 
 // Costs of the two paths in flop-equivalents (svgp.hpp): the B M^2 terms are the flop counts; the
 // M^3 terms weight the small triangular BLAS-3 calls by their lower speed, and put the paths'
-// crossover where it was measured on one thread (B of about 2 M at M = 64, 2.2 M at M = 256 and
-// 2.5 M at M = 1024).
+// crossover where one thread puts it: B of about 2 M at M = 64 and 2.2 M at M = 256 (timed
+// around it), about 2.5 M at M = 1024 (from the times at B = 1, 256 and 1024).
 double path_cost(Path path, index_t M, index_t B, index_t L) {
   const double bm2 = static_cast<double>(B) * M * M, m3 = static_cast<double>(M) * M * M;
   return path == Path::Solve ? (4.0 + 4.0 * L) * bm2 + 2.0 * m3 : 3.1 * L * bm2 + (5.0 + 7.3 * L) * m3;
@@ -717,8 +717,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
         for (index_t j = 0; j < M; ++j) out[i * M + j] = j <= i ? W(i, j) : 0.0;
     }
   }
-  zero_strict_upper(dLzV);
-  linalg::cholesky_reverse(LzV, dLzV);  // now d/dKzz
+  linalg::cholesky_reverse(LzV, dLzV);  // (reads the lower triangle) now d/dKzz
 
   // Kernel: through Kzx (the blocks' shares), Kzz and diag K(X).
   std::copy(p.dkernel.begin(), p.dkernel.end(), grads->kernel);

@@ -21,7 +21,7 @@
 //                      2 C_l diag(g) + beta gmu^T needs no further product; d/dSigma_l =
 //                      Kzx diag(g) Kzx^T (SYRK, B M^2). 3 L B M^2 flops at GEMM's rate plus
 //                      about (2/3 + 6 L) M^3 (Sigma and its reverse): the faster path once B
-//                      exceeds 2 to 2.5 M (measured at M = 64, 256 and 1024).
+//                      exceeds 2 to 2.5 M (timed at M = 64, 256 and 1024).
 // Path::Auto picks the cheaper by that count. The precomputed form sums terms of the size of
 // cond(Kzz) that cancel to var_n, so it loses about log10(cond(Kzz)) digits; after it, the
 // variances of the two points of each column block most exposed to that (largest |k_n|^2 /

@@ -125,9 +125,10 @@ namespace pygpfast::vmath {
 // processor overlap consecutive iterations: about 1.8x the throughput of the fused form.
 
 // t = 2 / (2 + |x|) and P(t) for x = -g / sqrt(2), so that erfc(|x|) = t e^P e^{-x^2} (also
-// used for the normal tails of piecewise.cpp). The series is summed as its even and odd halves, two independent recurrences in v = T_2(c) = 2c^2 - 1 (T_2j(c) = T_j(v) and
-// T_2j+1(c) = c V_j(v), V the Chebyshev polynomials of the third kind), which halves the
-// dependency chain of Clenshaw's recurrence.
+// used for the normal tails of piecewise.cpp). The series is summed as its even and odd halves,
+// two independent recurrences in v = T_2(c) = 2c^2 - 1 (T_2j(c) = T_j(v) and T_2j+1(c) =
+// c V_j(v), V the Chebyshev polynomials of the third kind), which halves the dependency chain of
+// Clenshaw's recurrence.
 [[gnu::always_inline]] inline void erfcx_series(double g, double& t, double& P) {
   static constexpr double kC[25] = {
       -6.51326859890855148e-01, 6.41969792356490099e-01,  1.94764732041855411e-02,
