@@ -29,6 +29,7 @@ from sklearn.base import is_classifier
 from sklearn.exceptions import ConvergenceWarning
 
 from . import _core
+from ._svgp_optim import hyper_bounds
 from .exceptions import NumericalWarning
 
 __all__ = ["MFFit", "check_estimator_params", "fit", "mf_bound", "mf_posterior"]
@@ -134,13 +135,17 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         Labels in {0, 1}.
     jitter : float
     train_Z, train_hyper : bool
-        Optimise Z, the kernel parameters (log scale, within ``kernel.bounds``).
+        Optimise Z, the kernel parameters (log scale, within ``_svgp_optim.hyper_bounds`` of
+        their starting values).
     max_iter : int
         L-BFGS-B iterations.
     tol : float
         L-BFGS-B's relative tolerance on the bound (``ftol``).
     report : callable, optional
-        ``report(iteration, bound, rows_per_s)`` after every iteration; True stops.
+        ``report(iteration, bound, rows_per_s, current)`` after every iteration; True stops.
+        ``current()`` returns the :class:`MFFit` at the iterate (its posterior costs an
+        O(N M^2) solve, so call it only when needed); the kernel holds the iterate's
+        parameters during the call.
 
     Returns
     -------
@@ -165,11 +170,15 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
     solve(False)
 
     n_Z = M * D if train_Z else 0
+    # Z in units of the spread of its columns (as in _svgp_optim.Packer): steps independent of
+    # the scale of the features.
+    spread = Z.std(axis=0)
+    z_scale = np.where(spread > 0, spread, 1.0)
 
     def set_x(x):
         nonlocal Z
         if train_Z:
-            Z = np.ascontiguousarray(x[:n_Z].reshape(M, D))
+            Z = x[:n_Z].reshape(M, D) * z_scale
         if train_hyper:
             kernel.theta = x[n_Z:]
 
@@ -178,29 +187,34 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         value, g = solve(True)
         parts = []
         if train_Z:
-            parts.append(g["Z"].ravel())
+            parts.append((g["Z"] * z_scale).ravel())
         if train_hyper:
             parts.append(g["kernel"] * kernel.params)  # d/dtheta = params * d/dparams
         return -value / N, -np.concatenate(parts) / N
+
+    def current():
+        q_mu, q_sqrt = mf_posterior(kernel, Z, X, y, state["a"], jitter=jitter)
+        return MFFit(a=state["a"].copy(), Z=Z.copy(), q_mu=q_mu, q_sqrt=q_sqrt,
+                     bound=float(state["bound"]), n_iter=state["it"])
 
     def callback(xk):
         state["it"] += 1
         now = time.perf_counter()
         rate = N / max(now - state["clock"], 1e-12)
         state["clock"] = now
-        if report is not None and report(state["it"], state["bound"], rate):
-            set_x(xk)  # the accepted iterate, not the last line-search trial
+        set_x(xk)  # the accepted iterate, not the last line-search trial
+        if report is not None and report(state["it"], state["bound"], rate, current):
             raise _Stop
 
     # Stage 2: Z and the kernel parameters at the optimal a.
     if train_Z or train_hyper:
         x0, bounds = [], []
         if train_Z:
-            x0.append(Z.ravel())
+            x0.append((Z / z_scale).ravel())
             bounds += [(None, None)] * n_Z
         if train_hyper:
             x0.append(kernel.theta)
-            bounds += [tuple(b) for b in kernel.bounds]
+            bounds += list(zip(*hyper_bounds(kernel.theta)))
         x0 = np.concatenate(x0)
         res = None
         try:

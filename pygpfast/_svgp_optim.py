@@ -41,15 +41,33 @@ __all__ = [
     "Packer",
     "StochasticTrainer",
     "fit_lbfgs",
+    "hyper_bounds",
 ]
+
+
+def hyper_bounds(theta0):
+    """Box constraints (lower, upper) on log hyperparameters that start at ``theta0``:
+    log PARAM_BOUNDS, widened to log PARAM_BOUNDS + theta0 where that reaches further, so a
+    starting value outside PARAM_BOUNDS (the median-distance lengthscale of features on a
+    scale of 1e6, a user's White(1e-8)) is kept, with the same range of 1e5 either way."""
+    theta0 = np.asarray(theta0, dtype=np.float64)
+    lo, hi = np.log(PARAM_BOUNDS)
+    return np.minimum(lo, theta0 + lo), np.maximum(hi, theta0 + hi)
 
 
 class Packer:
     """Map the trainable parameters of an SVGP model to one unconstrained vector and back.
 
-    Layout: q_mu [M, L] (row-major), the lower triangles of q_sqrt [L, M, M], Z [M, D],
-    log kernel parameters [P], log likelihood parameters. Groups can be left out (frozen, or
-    moved by another optimiser such as natural gradients for q).
+    Layout: q_mu [M, L] (row-major), the lower triangles of q_sqrt [L, M, M], Z [M, D]
+    divided by :attr:`z_scale`, log kernel parameters [P], log likelihood parameters. Groups
+    can be left out (frozen, or moved by another optimiser such as natural gradients for q).
+
+    Scale: Z is packed in units of the spread (standard deviation) of its columns at
+    construction (1 where a column does not vary), and the log hyperparameters are bounded by
+    :func:`hyper_bounds` around their starting values, so that the optimisers take the same
+    steps whatever the units of the features (without it, Adam's steps of 0.01 on Z scatter
+    the inducing inputs of features on a scale of 1e-3, and the bounds clipped the starting
+    lengthscales of features on a scale of 1e6).
 
     Optimisers call :meth:`apply` every step: it sets q and Z on the model and returns the
     hyperparameters in the core's form without writing them to the kernel and likelihood
@@ -69,11 +87,14 @@ class Packer:
         self.size = n_q + n_Z + self.n_kern + self.n_lik
         self._hyper_start = n_q + n_Z
         self._fixed_hyper = model.core_hyper()
-        # Box constraints (log PARAM_BOUNDS on the positive parameters, none elsewhere).
+        spread = model.Z.std(axis=0)
+        self.z_scale = np.where(spread > 0, spread, 1.0)
+        # Box constraints (on the log positive parameters, none elsewhere).
         self.lower = np.full(self.size, -np.inf)
         self.upper = np.full(self.size, np.inf)
-        self.lower[self._hyper_start :] = np.log(PARAM_BOUNDS[0])
-        self.upper[self._hyper_start :] = np.log(PARAM_BOUNDS[1])
+        if train_hyper:
+            theta0 = np.concatenate([model.kernel.theta, model.likelihood.theta])
+            self.lower[self._hyper_start :], self.upper[self._hyper_start :] = hyper_bounds(theta0)
 
     def _q_views(self, q_mu, q_sqrt):
         return q_mu.reshape(self.M, self.L), q_sqrt.reshape(self.L, self.M, self.M)
@@ -86,7 +107,7 @@ class Packer:
             mu, sq = self._q_views(m.q_mu, m.q_sqrt)
             parts += [mu.ravel(), sq[:, self.tril[0], self.tril[1]].ravel()]
         if self.train_Z:
-            parts.append(m.Z.ravel())
+            parts.append((m.Z / self.z_scale).ravel())
         if self.train_hyper:
             parts += [m.kernel.theta, m.likelihood.theta]
         return np.concatenate(parts) if parts else np.zeros(0)
@@ -105,7 +126,7 @@ class Packer:
             m.q_sqrt = q_sqrt.reshape(m.q_sqrt.shape)
             i += L * n_tril
         if self.train_Z:
-            m.Z = x[i : i + M * self.D].reshape(M, self.D).copy()
+            m.Z = x[i : i + M * self.D].reshape(M, self.D) * self.z_scale
         if not self.train_hyper:
             return self._fixed_hyper
         (codes, _), lik = self._fixed_hyper
@@ -129,7 +150,7 @@ class Packer:
             mu, sq = self._q_views(g["q_mu"], g["q_sqrt"])
             parts += [mu.ravel(), sq[:, self.tril[0], self.tril[1]].ravel()]
         if self.train_Z:
-            parts.append(g["Z"].ravel())
+            parts.append((g["Z"] * self.z_scale).ravel())
         if self.train_hyper:
             # theta = log(params): d/dtheta = params * d/dparams
             parts += [g["kernel"], g["likelihood"]]
@@ -374,7 +395,8 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
 
     Stage 1 sets q with Z and the hyperparameters frozen: for a Gaussian likelihood by one
     natural-gradient step of size 1 (the exact optimum), otherwise by L-BFGS-B on q alone
-    (at most min(max_iter / 4, 100) iterations). Stage 2 optimises everything that is trained.
+    (at most min(max_iter / 4, 100) iterations, or max_iter when nothing else is trained, as
+    stage 1 is then the whole fit). Stage 2 optimises everything that is trained.
 
     Parameters
     ----------
@@ -383,7 +405,8 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
     t : ndarray [N]
     train_Z, train_hyper : bool
     max_iter : int
-        L-BFGS-B iterations of stage 2.
+        L-BFGS-B iterations of stage 2 (of stage 1 when neither Z nor the hyperparameters are
+        trained).
     tol : float
         scipy's ``ftol``: stop when the ELBO per row changes by less than ``tol`` (relative to
         max(|ELBO / N|, 1)) in one iteration.
@@ -394,7 +417,7 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
     -------
     n_iter : int
     converged : bool
-        False when stage 2 stopped at ``max_iter`` (not when ``report`` stopped it).
+        False when the last stage stopped at ``max_iter`` (not when ``report`` stopped it).
     """
     N = X.shape[0]
     state = {"it": 0, "elbo": -np.inf, "clock": time.perf_counter(), "stopped": False}
@@ -426,14 +449,16 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
         packer.commit(res.x)
         return res
 
+    res = None
+    frozen = not (train_Z or train_hyper)  # then stage 1 is the whole fit
     if isinstance(model.likelihood, Gaussian):
         _, g = model.elbo(X, t, scale=1.0, with_grad=True, natural=True)
         prior = None if model.whiten else model.prior_precision()
         NaturalGradient().step(model, g["d_ell_m"], g["d_ell_S"], 1.0, prior)
     else:
-        run(Packer(model, train_Z=False, train_hyper=False), max(1, min(max_iter // 4, 100)))
-    res = None
-    if not state["stopped"] and (train_Z or train_hyper):
+        res = run(Packer(model, train_Z=False, train_hyper=False),
+                  max_iter if frozen else max(1, min(max_iter // 4, 100)))
+    if not state["stopped"] and not frozen:
         res = run(Packer(model, train_Z=train_Z, train_hyper=train_hyper), max_iter)
     converged = res is None or res.success or res.nit < max_iter
     return state["it"], converged

@@ -252,8 +252,10 @@ class _SVGPEstimator(BaseEstimator):
         _check_auto_or_positive(self.natgrad_step, "natgrad_step", upper=1.0)
         if not (isinstance(self.tol, numbers.Real) and self.tol >= 0):
             raise ValueError(f"tol must be a number >= 0, got {self.tol!r}")
-        if not (isinstance(self.jitter, numbers.Real) and self.jitter > 0):
+        if not (isinstance(self.jitter, numbers.Real) and 0 < self.jitter < np.inf):
             raise ValueError(f"jitter must be a positive number, got {self.jitter!r}")
+        if self.kernel is not None and not isinstance(self.kernel, _kernels.Kernel):
+            raise ValueError(f"kernel must be a pygpfast.kernels.Kernel or None, got {self.kernel!r}")
         if self.callback is not None and not callable(self.callback):
             raise ValueError(f"callback must be callable or None, got {self.callback!r}")
 
@@ -334,6 +336,8 @@ class _SVGPEstimator(BaseEstimator):
         self
         """
         self._check_params()
+        if hasattr(self, "model_"):  # a refit that fails leaves the estimator unfitted, not mixed
+            del self.model_
         X, y = self._validate_Xy(X, y, reset=True)
         t = self._encode_targets(y, first_call=True)
         rs = check_random_state(self.random_state)
@@ -429,6 +433,15 @@ class _SVGPEstimator(BaseEstimator):
         if n_total is not None:
             _check_int(n_total, "n_total", 1)
         if first:
+            if self.inducing_points is None and n < self.n_inducing:
+                warnings.warn(
+                    "partial_fit places the inducing points by k-means on the first chunk, "
+                    f"which has {n} rows: the model keeps {n} inducing points instead of "
+                    f"n_inducing={self.n_inducing}. Pass a first chunk of at least n_inducing "
+                    "rows, or inducing_points.",
+                    UserWarning,
+                    stacklevel=2,
+                )
             self._rng = check_random_state(self.random_state)
             self._set_model(self._init_model(X, self._rng))
             self.history_ = []
@@ -469,19 +482,29 @@ class _SVGPEstimator(BaseEstimator):
             raise ValueError(
                 f"Only binary classification is supported by method='mf'; y has {len(self.classes_)} classes"
             )
+
+        def report(it, bound, rows_per_s, current):
+            if self.callback is not None:  # which may predict: give it the current q(u)
+                self._set_mf(model, current())
+            return self._report(it, bound, rows_per_s)
+
         fit = _svgp_mf.fit(
             model.kernel, model.Z, X, t, jitter=self.jitter, train_Z=self.train_inducing,
             train_hyper=self.optimize_hyperparameters, max_iter=self.max_iter, tol=self.tol,
-            report=self._report,
+            report=report,
         )
-        # Its Gaussian approximation of q(u), whitened whatever `whiten` says.
-        self._set_model(SVGP(model.kernel, model.likelihood, fit.Z, fit.q_mu, fit.q_sqrt, whiten=True,
-                             jitter=self.jitter))
+        self._set_mf(model, fit)
         self.optimizer_ = "lbfgs"
         self.n_iter_ = self.n_steps_ = fit.n_iter
         self.elbo_ = fit.bound
-        self.mf_a_ = fit.a
         return self
+
+    def _set_mf(self, model, fit):
+        """Fitted attributes from a method='mf' result (an _svgp_mf.MFFit)."""
+        # Its Gaussian approximation of q(u), whitened whatever `whiten` says.
+        self._set_model(SVGP(model.kernel, model.likelihood, fit.Z, fit.q_mu, fit.q_sqrt, whiten=True,
+                             jitter=self.jitter))
+        self.mf_a_ = fit.a
 
     # ---------------------------------------------------------------- prediction
     def _latent(self, X):
@@ -533,7 +556,8 @@ _COMMON_DOC = """
         minibatch noise.
     max_iter : int, default 1000
         L-BFGS-B iterations of the main stage (the first stage, q alone with Z and the
-        hyperparameters frozen, adds up to min(max_iter / 4, 100)), or epochs (passes of
+        hyperparameters frozen, adds up to min(max_iter / 4, 100); it is the only stage, of
+        up to max_iter iterations, when neither is trained), or epochs (passes of
         ceil(N / B) minibatch steps) for the stochastic optimisers.
     tol : float, default 1e-6
         Convergence tolerance on the ELBO per row: L-BFGS-B stops when an iteration changes it

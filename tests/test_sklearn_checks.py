@@ -2,7 +2,6 @@
 enough for the test suite (few inducing points, few iterations)."""
 
 import pytest
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from pygpfast import SVGPClassifier, SVGPRegressor

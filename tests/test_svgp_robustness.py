@@ -1,0 +1,147 @@
+"""Robustness of SVGPClassifier / SVGPRegressor under adversarial but plausible use: feature
+scales, frozen parameters, callbacks under method='mf', failed refits, bad parameters and
+streaming with a small first chunk."""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
+
+from pygpfast import SVGPClassifier, SVGPRegressor, kernels
+from pygpfast._svgp_optim import hyper_bounds
+from pygpfast.kernels import PARAM_BOUNDS
+
+
+def _data(n=200, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 2))
+    return X, (X[:, 0] > 0).astype(int), np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(n)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("scale", [1e-4, 1e6])
+@pytest.mark.parametrize("optimizer", ["lbfgs", "natgrad"])
+def test_fit_does_not_depend_on_the_units_of_the_features(scale, optimizer):
+    # Before: Adam's absolute steps on Z scattered the inducing inputs of features on a scale
+    # of 1e-4 (R^2 = 0, accuracy = majority class), and the hyperparameter bounds clipped the
+    # starting lengthscale (~1e6) of features on a scale of 1e6 to 1e5 (R^2 = 0).
+    X, yc, yr = _data()
+    kw = dict(n_inducing=10, max_iter=60 if optimizer == "lbfgs" else 30, optimizer=optimizer, random_state=0)
+    unit = SVGPRegressor(**kw).fit(X, yr).score(X, yr)
+    assert unit > 0.95
+    assert SVGPRegressor(**kw).fit(X * scale, yr).score(X * scale, yr) > unit - 0.02
+    assert SVGPClassifier(**kw).fit(X * scale, yc).score(X * scale, yc) > 0.95
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e7])
+def test_method_mf_does_not_depend_on_the_units_of_the_features(scale):
+    X, yc, _ = _data(120)
+    clf = SVGPClassifier(n_inducing=8, method="mf", max_iter=60, random_state=0).fit(X * scale, yc)
+    assert clf.score(X * scale, yc) > 0.95
+    # The lengthscale of the relevant feature followed the data (the old bounds held it at
+    # 1e-5 or 1e5).
+    assert 1e-2 * scale < clf.kernel_.lengthscale[0] < 1e2 * scale
+
+
+def test_hyper_bounds_contain_the_start_and_widen_only_outside_param_bounds():
+    lo, hi = np.log(PARAM_BOUNDS)
+    theta0 = np.log([1.0, 1e-8, 1e7])
+    lower, upper = hyper_bounds(theta0)
+    np.testing.assert_allclose(lower, [lo, theta0[1] + lo, lo])
+    np.testing.assert_allclose(upper, [hi, hi, theta0[2] + hi])
+    assert np.all((lower < theta0) & (theta0 < upper))
+
+
+def test_lbfgs_with_everything_frozen_optimises_q_for_max_iter_and_warns():
+    # Before: q got at most min(max_iter / 4, 100) iterations (2 for max_iter=8) and no
+    # ConvergenceWarning was raised, whatever the ELBO.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((400, 2))
+    y = (np.sin(3 * X[:, 0]) + X[:, 1] > 0).astype(int)
+    kw = dict(kernel=kernels.RBF(lengthscale=0.5, variance=3.0), n_inducing=40, random_state=0,
+              train_inducing=False, optimize_hyperparameters=False)
+    with pytest.warns(ConvergenceWarning, match="max_iter=8"):
+        short = SVGPClassifier(max_iter=8, **kw).fit(X, y)
+    assert short.n_iter_ == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        full = SVGPClassifier(max_iter=40, **kw).fit(X, y)
+        ref = SVGPClassifier(max_iter=400, **kw).fit(X, y)
+    assert 10 < full.n_iter_ < 40
+    assert full.elbo_ == pytest.approx(ref.elbo_, rel=1e-6)
+    assert short.elbo_ < full.elbo_
+
+
+def test_mf_callback_sees_the_current_posterior():
+    # Before: under method='mf' the callback saw the initial q(u) = prior, so predict_proba
+    # was 0.5 everywhere at every iteration (documented: the fitted attributes hold the
+    # current parameters).
+    X, y, _ = _data(150)
+    seen = []
+
+    def cb(est, it, bound):
+        seen.append(est.predict_proba(X))
+        return it >= 4
+
+    clf = SVGPClassifier(n_inducing=8, method="mf", callback=cb, random_state=0).fit(X, y)
+    assert len(seen) == 4
+    assert np.abs(seen[0][:, 1] - 0.5).mean() > 0.1
+    np.testing.assert_allclose(seen[-1], clf.predict_proba(X), atol=1e-8)
+    # The snapshots cost time only: the fit is the same without a callback.
+    free = SVGPClassifier(n_inducing=8, method="mf", max_iter=4, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        free.fit(X, y)
+    np.testing.assert_allclose(free.predict_proba(X), clf.predict_proba(X), atol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "make, X_bad, y_bad",
+    [
+        (SVGPClassifier, lambda X: X, lambda yc, yr: np.zeros(len(yc))),  # one class
+        (SVGPClassifier, lambda X: np.c_[X, X], lambda yc, yr: np.zeros(len(yc))),  # and 4 features
+        (SVGPRegressor, lambda X: np.c_[X, X], lambda yc, yr: np.where(yr > 1, np.nan, yr)),
+    ],
+)
+def test_failed_refit_leaves_the_estimator_unfitted(make, X_bad, y_bad):
+    # Before: classes_ or n_features_in_ came from the failed call and model_ from the earlier
+    # fit: predict raised IndexError or a misleading feature count.
+    X, yc, yr = _data(60)
+    y = yc if make is SVGPClassifier else yr
+    est = make(n_inducing=5, max_iter=5, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y)
+        with pytest.raises(ValueError):
+            est.fit(X_bad(X), y_bad(yc, yr))
+        with pytest.raises(NotFittedError):
+            est.predict(X)
+        assert est.fit(X, y).predict(X).shape == (60,)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"kernel": "rbf"}, "kernel must be"), ({"kernel": lambda a, b: a @ b.T}, "kernel must be"),
+     ({"jitter": np.inf}, "jitter must be a positive number")],
+)
+def test_bad_kernel_and_jitter_give_clear_errors(kwargs, match):
+    # Before: AttributeError "'str' object has no attribute '_spec'" from deep in SVGP, and
+    # the core's "jitter must be >= 0" for jitter=inf.
+    X, yc, yr = _data(20)
+    with pytest.raises(ValueError, match=match):
+        SVGPClassifier(**kwargs).fit(X, yc)
+    with pytest.raises(ValueError, match=match):
+        SVGPRegressor(**kwargs).partial_fit(X, yr)
+
+
+def test_partial_fit_warns_when_the_first_chunk_caps_the_inducing_points():
+    X, yc, _ = _data(96)
+    with pytest.warns(UserWarning, match="32 inducing points instead of n_inducing=50"):
+        clf = SVGPClassifier(n_inducing=50, random_state=0).partial_fit(X[:32], yc[:32], classes=[0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clf.partial_fit(X[32:], yc[32:])  # later chunks do not warn
+        SVGPClassifier(n_inducing=20, random_state=0).partial_fit(X[:32], yc[:32], classes=[0, 1])
+        SVGPClassifier(inducing_points=X[:50], random_state=0).partial_fit(X[:32], yc[:32], classes=[0, 1])
+    assert clf.inducing_points_.shape == (32, 2)
