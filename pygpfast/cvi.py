@@ -49,6 +49,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import _core
+from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from .exceptions import LinAlgError
 from .piecewise import llp_bound
@@ -368,8 +369,15 @@ class _Hyperparameters:
         return np.concatenate(parts)
 
     def bounds(self):
-        extra = self.get().size - self.kernel.n_params
-        return np.vstack([self.kernel.bounds, np.tile([-1e3, 1e3], (extra, 1))])
+        """The kernel's box widened to reach its factors (1e-5, 1e5) of the starting values:
+        the same search for inputs in any units (features in the millions start from
+        lengthscales above the kernel's 1e5, which L-BFGS-B would clip)."""
+        theta = self.get()
+        P = self.kernel.n_params
+        box = self.kernel.bounds
+        box = np.column_stack([np.minimum(box[:, 0], theta[:P] + box[:, 0]),
+                               np.maximum(box[:, 1], theta[:P] + box[:, 1])])
+        return np.vstack([box, np.tile([-1e3, 1e3], (theta.size - P, 1))])
 
     def set(self, theta):
         P = self.kernel.n_params
@@ -405,26 +413,33 @@ class _Run:
     def __init__(self, estimator, X, t, hyper):
         self.estimator, self.X, self.t, self.hyper = estimator, X, t, hyper
         L, N = hyper.local_bound.num_latent, X.shape[0]
-        self.alpha, self.lambda_ = np.zeros((L, N)), np.zeros((L, N))
+        # The start of every cold inference. The Poisson and multinomial bounds hold
+        # exp(m + v/2): from Algorithm 1's own start V = Sigma they overflow once the prior
+        # variance reaches a few hundred, where unit site precisions (V <= 1) do not. (The
+        # Opper-Archambeau path keeps lambda = 0: its L-BFGS-B is slower from there.)
+        lambda0 = 1.0 if (estimator.method == "fixed-point" and hyper.local_bound.likelihood
+                          in ("poisson", "multinomial")) else 0.0
+        self.start = (np.zeros((L, N)), np.full((L, N), lambda0))
+        self.alpha, self.lambda_ = self.start[0].copy(), self.start[1].copy()
         self.last = None
 
     def evaluate(self, theta):
         """The bound and its gradients at theta: (info, (d_kernel, d_mean, d_thresholds))."""
         self.hyper.set(theta)
-        warm = bool(np.any(self.lambda_))
+        warm = not (np.array_equal(self.alpha, self.start[0])
+                    and np.array_equal(self.lambda_, self.start[1]))
         try:
             out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
             stalled = not out[0]["converged"]
-        except LinAlgError:
+        except (LinAlgError, ValueError):  # (ValueError: a non-finite entry on the way)
             if not warm:
                 raise
             stalled = True
         if warm and stalled:
             # A warm start from far-away hyperparameters can push the rank-one updates into
             # rounding trouble (a site precision so large that the cavity precision
-            # 1/v - lambda has no digits left) or stall; Algorithm 1's own start (V = Sigma)
-            # is the safe one.
-            self.alpha, self.lambda_ = np.zeros_like(self.alpha), np.zeros_like(self.lambda_)
+            # 1/v - lambda has no digits left) or stall; the cold start is the safe one.
+            self.alpha, self.lambda_ = self.start[0].copy(), self.start[1].copy()
             out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
         info, alpha, lam, grads, Pi = out
         # The next evaluation starts here; lambda >= 0 keeps Omega + Lambda positive definite
@@ -452,12 +467,14 @@ class _VGPEstimator(BaseEstimator):
             if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)
                     and value >= 1):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not (isinstance(self.tol, numbers.Real) and self.tol > 0):
+        if not (isinstance(self.tol, numbers.Real) and not isinstance(self.tol, bool)
+                and 0 < self.tol < np.inf):
             raise ValueError(f"tol must be a positive number, got {self.tol!r}")
         if not (isinstance(self.jitter, numbers.Real) and 0 <= self.jitter < 1):
             raise ValueError(f"jitter must be a number in [0, 1), got {self.jitter!r}")
-        if self.kernel is not None and not hasattr(self.kernel, "_spec"):
-            raise ValueError("kernel must be a pygpfast.kernels.Kernel")
+        if self.kernel is not None and not isinstance(self.kernel, _kernels.Kernel):
+            raise ValueError(f"kernel must be a pygpfast.kernels.Kernel (an instance) or None, "
+                             f"got {self.kernel!r}")
 
     def _fit(self, X, t, local_bound, mean, learn_mean):
         rs = check_random_state(self.random_state)
@@ -697,18 +714,32 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         if kind == "logit":
             p1 = np.clip(sig.predict_mean_and_var(mean[:, 0], var[:, 0])[0], 0.0, 1.0)
             return np.column_stack([1.0 - p1, p1])
+
+        def expected_sigmoid(m, v):  # E[sigmoid(z)], z ~ N(m, v): small values to full precision
+            return np.clip(sig.predict_mean_and_var(m, v)[0], 0.0, 1.0)
+
+        # Both E[s(z)] and E[s(-z)] = 1 - E[s(z)] are taken by quadrature: the subtraction
+        # would round probabilities below 1e-16 to 0 (and their logarithms to -inf).
         if kind == "stick-breaking":
             # Latents are independent under q: p(k) = E[s(z_k)] prod_{j<k} E[s(-z_j)].
-            a = np.column_stack([sig.predict_mean_and_var(mean[:, j], var[:, j])[0]
+            a = np.column_stack([expected_sigmoid(mean[:, j], var[:, j])
                                  for j in range(mean.shape[1])])
-            a = np.clip(a, 0.0, 1.0)
-            rest = np.cumprod(np.column_stack([np.ones(len(a)), 1.0 - a]), axis=1)
+            b = np.column_stack([expected_sigmoid(-mean[:, j], var[:, j])
+                                 for j in range(mean.shape[1])])
+            rest = np.cumprod(np.column_stack([np.ones(len(a)), b]), axis=1)
             return np.column_stack([a * rest[:, :-1], rest[:, -1]])
-        # ordinal: F_k = E[sigmoid(phi_k - z)] = p(y <= k)
+        # ordinal: F_k = E[s(phi_k - z)] = p(y <= k), G_k = E[s(z - phi_k)] = p(y > k), and
+        # p(y = k) = F_k - F_{k-1} = G_{k-1} - G_k, from G once F_{k-1} > 1/2.
         phi = self.local_bound_.thresholds
-        F = np.column_stack([sig.predict_mean_and_var(p - mean[:, 0], var[:, 0])[0] for p in phi])
-        F = np.column_stack([np.zeros(len(F)), np.clip(F, 0.0, 1.0), np.ones(len(F))])
-        return np.maximum(np.diff(F, axis=1), 0.0)
+        n = len(mean)
+        F = np.column_stack([np.zeros(n)]
+                            + [expected_sigmoid(p - mean[:, 0], var[:, 0]) for p in phi]
+                            + [np.ones(n)])
+        G = np.column_stack([np.ones(n)]
+                            + [expected_sigmoid(mean[:, 0] - p, var[:, 0]) for p in phi]
+                            + [np.zeros(n)])
+        proba = np.where(F[:, :-1] > 0.5, -np.diff(G, axis=1), np.diff(F, axis=1))
+        return np.maximum(proba, 0.0)
 
     def predict_log_proba(self, X):
         """log p(y = class | X) [T, C]."""
@@ -773,7 +804,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         """
         self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64, order="C", y_numeric=True)
-        if np.any(y < 0) or np.any(y != np.floor(y)):
+        if y.dtype.kind not in "biuf" or np.any(y < 0) or np.any(y != np.floor(y)):
             raise ValueError("y must hold counts (non-negative integers)")
         lb = LocalBound("poisson")
         mean = np.array([np.log(max(y.mean(), 1e-3))])

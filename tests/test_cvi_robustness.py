@@ -1,0 +1,130 @@
+"""VGPClassifier and VGPPoissonRegressor on adversarial but plausible inputs: large counts and
+prior variances, features in any units, tiny class probabilities, bad parameters."""
+
+import warnings
+
+import numpy as np
+import pytest
+from scipy import special
+from sklearn.exceptions import ConvergenceWarning
+
+from pygpfast import VGPClassifier, VGPPoissonRegressor
+from pygpfast.kernels import RBF
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_poisson_search_survives_far_trial_points(seed):
+    # Rates around e^5: L-BFGS-B's first trial point puts every hyperparameter on its bounds,
+    # where the inference warm-started from the previous optimum overflowed (a ValueError
+    # from the core's Cholesky) and ended the fit instead of falling back to a cold start.
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((50, 2))
+    y = rng.poisson(np.exp(5.0 + np.sin(3.0 * X[:, 0])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reg = VGPPoissonRegressor(random_state=0).fit(X, y)
+    assert np.isfinite(reg.bound_) and reg.bound_ < 0
+    pred = reg.predict(X)
+    assert np.all(np.isfinite(pred))
+    assert np.corrcoef(np.log(pred), 5.0 + np.sin(3.0 * X[:, 0]))[0, 1] > 0.9
+
+
+@pytest.mark.parametrize("variance", [500.0, 1e3, 1e5])
+def test_poisson_large_prior_variance(variance, rng):
+    # exp(m + v/2) from the start V = K overflowed: a LinAlgError or ValueError from the core,
+    # or a non-converged "bound" of +4e95 (a bound on log p(y) <= 0).
+    X = rng.standard_normal((40, 2))
+    y = rng.poisson(np.exp(1.0 + np.sin(X[:, 0])))
+    with warnings.catch_warnings():  # (at 1e5 the core stops short of tol: refused solves)
+        warnings.simplefilter("ignore" if variance > 1e3 else "error", ConvergenceWarning)
+        reg = VGPPoissonRegressor(kernel=RBF(variance=variance, lengthscale=1.0),
+                                  optimize_hyperparameters=False).fit(X, y)
+    assert np.isfinite(reg.bound_) and reg.bound_ < 0
+    assert np.all(np.diff(reg.history_) >= -1e-9 * abs(reg.bound_))
+    assert np.all(np.isfinite(reg.predict(X)))
+
+
+def test_poisson_large_counts_with_hyperparameter_learning(rng):
+    X = rng.standard_normal((40, 2))
+    y = 1000 * rng.poisson(np.exp(1.0 + np.sin(X[:, 0])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reg = VGPPoissonRegressor(random_state=0).fit(X, y)
+    assert np.isfinite(reg.bound_) and reg.bound_ < 0
+
+
+@pytest.mark.parametrize("likelihood", ["logit", "multinomial"])
+def test_hyperparameter_search_does_not_depend_on_feature_units(likelihood, rng):
+    # The default lengthscales follow the data (median heuristic), but the search box was the
+    # kernel's absolute [1e-5, 1e5]: with features in the millions L-BFGS-B clipped the start
+    # and the multinomial model collapsed to the class frequencies.
+    X = rng.standard_normal((60, 2))
+    y = np.digitize(X[:, 0] + 0.2 * rng.standard_normal(60), [-0.5, 0.5])
+    if likelihood == "logit":
+        y = (y > 0).astype(int)
+    kw = dict(random_state=0, max_iter=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ref = VGPClassifier(likelihood, **kw).fit(X, y)
+        fits = {s: VGPClassifier(likelihood, **kw).fit(X * s, y) for s in (1e-6, 1e6)}
+    for s, clf in fits.items():
+        assert clf.bound_ == pytest.approx(ref.bound_, rel=1e-5)
+        assert np.allclose(clf.predict_proba(X * s), ref.predict_proba(X), atol=1e-3)
+        assert np.allclose(clf.kernel_.params[1:], s * ref.kernel_.params[1:], rtol=1e-2)
+
+
+def _with_latents(clf, mean, var):
+    """clf answering predict_latent with the given [T, L] marginals."""
+    clf.predict_latent = lambda X: (np.array(mean, dtype=float), np.array(var, dtype=float))
+    return clf
+
+
+def test_ordinal_tiny_probabilities_keep_their_digits(rng):
+    X = rng.standard_normal((30, 1))
+    y = np.digitize(X[:, 0], [-0.5, 0.5])
+    clf = VGPClassifier("ordinal", kernel=RBF(variance=1.0, lengthscale=1.0),
+                        optimize_hyperparameters=False).fit(X, y)
+    phi = clf.local_bound_.thresholds
+    m = np.array([-60.0, 60.0, 0.0])
+    _with_latents(clf, m[:, None], np.zeros((3, 1)))
+    logp = clf.predict_log_proba(np.zeros((3, 1)))
+    # With var = 0: p(0) = s(phi_0 - m), p(1) = s(phi_1 - m) - s(phi_0 - m), p(2) = s(m - phi_1);
+    # the middle one from the complements where those are small.
+    p1 = np.where(m < 0, special.expit(m - phi[0]) - special.expit(m - phi[1]),
+                  special.expit(phi[1] - m) - special.expit(phi[0] - m))
+    ref = np.column_stack([special.log_expit(phi[0] - m), np.log(p1), special.log_expit(m - phi[1])])
+    assert np.all(np.isfinite(logp))  # was -inf for p(2) at m = -60 (1 - F rounded to 0)
+    assert np.allclose(logp, ref, rtol=1e-9, atol=1e-12)
+    assert np.allclose(np.exp(logp).sum(1), 1.0, atol=1e-12)
+
+
+def test_stick_breaking_tiny_probabilities_keep_their_digits(rng):
+    X = rng.standard_normal((30, 1))
+    y = np.digitize(X[:, 0], [-0.5, 0.5])
+    clf = VGPClassifier("stick-breaking", kernel=RBF(variance=1.0, lengthscale=1.0),
+                        optimize_hyperparameters=False).fit(X, y)
+    mean = np.array([[60.0, 0.0], [-60.0, 60.0], [1.0, -2.0]])
+    _with_latents(clf, mean, np.zeros_like(mean))
+    logp = clf.predict_log_proba(np.zeros((3, 1)))
+    s = special.log_expit
+    ref = np.column_stack([s(mean[:, 0]), s(-mean[:, 0]) + s(mean[:, 1]),
+                           s(-mean[:, 0]) + s(-mean[:, 1])])
+    assert np.all(np.isfinite(logp))  # was -inf: 1 - E[s(60)] rounded to 0
+    assert np.allclose(logp, ref, rtol=1e-9, atol=1e-12)
+    assert np.allclose(np.exp(logp).sum(1), 1.0, atol=1e-12)
+
+
+def test_clear_errors_for_bad_parameters_and_targets(rng):
+    X = rng.standard_normal((20, 2))
+    y = (X[:, 0] > 0).astype(int)
+    kw = dict(kernel=RBF(), optimize_hyperparameters=False)
+    with pytest.raises(ValueError, match="kernel must be a pygpfast.kernels.Kernel"):
+        VGPClassifier(kernel=RBF).fit(X, y)  # the class, not an instance
+    with pytest.raises(ValueError, match="kernel must be a pygpfast.kernels.Kernel"):
+        VGPPoissonRegressor(kernel="rbf").fit(X, y)
+    for tol in (True, np.inf, np.nan, 0.0, -1.0):
+        with pytest.raises(ValueError, match="tol"):
+            VGPClassifier(tol=tol, **kw).fit(X, y)
+    with pytest.raises(ValueError, match="counts"):  # was numpy's UFuncTypeError
+        VGPPoissonRegressor(**kw).fit(X, np.array(["1", "2"])[y])
+    assert np.isfinite(VGPPoissonRegressor(**kw).fit(X, y.astype(bool)).bound_)
