@@ -192,7 +192,7 @@ def _init_inducing(X, M, random_state):
     return np.ascontiguousarray(km.cluster_centers_)
 
 
-def _default_kernel(X, random_state):
+def _default_kernel(X, random_state, variance=1.0):
     """RBF with ARD lengthscales set by the median-distance heuristic per input dimension
     (median |x_d - x'_d| over 1000 x 200 pairs of a subsample, times sqrt(D))."""
     N, D = X.shape
@@ -200,7 +200,7 @@ def _default_kernel(X, random_state):
     sub = np.asarray(X[idx], dtype=np.float64)
     spread = np.array([np.median(np.abs(sub[:, None, d] - sub[None, :200, d])) for d in range(D)])
     spread = np.where(spread > 0, spread, 1.0)
-    return _kernels.RBF(variance=1.0, lengthscale=spread * np.sqrt(D))
+    return _kernels.RBF(variance=variance, lengthscale=spread * np.sqrt(D))
 
 
 def _check_int(value, name, low):
@@ -233,6 +233,10 @@ class _SVGPEstimator(BaseEstimator):
     # Subclasses implement:
     #   _encode_targets(y, first_call, classes) -> float64 targets for the core
     #   _make_likelihood() -> the likelihood (after _encode_targets)
+    # and may override _target_scale() (the default kernel's variance, after _encode_targets).
+
+    def _target_scale(self):
+        return 1.0
 
     # ---------------------------------------------------------------- parameters
     def _check_params(self):
@@ -306,7 +310,8 @@ class _SVGPEstimator(BaseEstimator):
         return rows
 
     def _init_model(self, X, rs):
-        kernel = copy.deepcopy(self.kernel) if self.kernel is not None else _default_kernel(X, rs)
+        kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
+                  else _default_kernel(X, rs, self._target_scale()))
         if self.inducing_points is not None:
             Z = as_matrix(self.inducing_points, "inducing_points")
             check_same_dim(X, Z, "inducing_points")
@@ -730,7 +735,8 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         "Sparse variational GP regression (seed 001's model; any one-latent likelihood).\n"
         + _COMMON_DOC
         + """    likelihood : pygpfast.likelihoods.Likelihood, optional
-        Default: Gaussian with variance 1 (on the standardised targets when normalize_y).
+        Default: Gaussian with variance 1 on the standardised targets when normalize_y,
+        else the targets' mean square (which the default kernel's variance also starts at).
         Poisson gives count regression.
     normalize_y : bool, default True
         Gaussian likelihood: fit to (y - mean) / std of the training targets (of the first
@@ -774,9 +780,17 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
     def _is_probit(self):
         return False
 
+    def _target_scale(self):
+        # Unnormalised Gaussian targets: the default kernel and noise variances start at the
+        # targets' mean square (the zero-mean prior's scale), as they start at 1 on
+        # standardised ones; from 1, targets in the hundreds are fitted as noise.
+        if self.normalize_y or not self._gaussian():
+            return 1.0
+        return self._y_power
+
     def _make_likelihood(self):
         if self.likelihood is None:
-            return _likelihoods.Gaussian(variance=1.0)
+            return _likelihoods.Gaussian(variance=self._target_scale())
         if not isinstance(self.likelihood, _likelihoods.Likelihood) or self.likelihood.latent_dim != 1:
             raise ValueError(
                 f"likelihood must be a pygpfast likelihood of one latent function, got {self.likelihood!r}"
@@ -790,6 +804,8 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         y = as_vector(y, "y")
         if first_call:
             self.y_mean_, self.y_scale_ = 0.0, 1.0
+            power = float(np.mean(y * y)) if y.size else 0.0
+            self._y_power = power if 0.0 < power < np.inf else 1.0
             if self.normalize_y and self._gaussian():
                 std = float(np.std(y))
                 self.y_mean_, self.y_scale_ = float(np.mean(y)), std if std > 0 else 1.0

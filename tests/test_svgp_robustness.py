@@ -145,3 +145,15 @@ def test_partial_fit_warns_when_the_first_chunk_caps_the_inducing_points():
         SVGPClassifier(n_inducing=20, random_state=0).partial_fit(X[:32], yc[:32], classes=[0, 1])
         SVGPClassifier(inducing_points=X[:50], random_state=0).partial_fit(X[:32], yc[:32], classes=[0, 1])
     assert clf.inducing_points_.shape == (32, 2)
+
+
+def test_unnormalised_targets_in_the_hundreds_are_not_fitted_as_noise():
+    # normalize_y=False: the default kernel and noise variances start at the targets' mean
+    # square; from 1 the fit explained targets of amplitude 100 as noise (R^2 about 0).
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((200, 2))
+    y = 100.0 * np.sin(2.0 * X[:, 0]) + 5.0 * rng.standard_normal(200)
+    reg = SVGPRegressor(normalize_y=False, n_inducing=20, max_iter=1000, random_state=0).fit(X, y)
+    assert reg.score(X, y) > 0.9
+    assert reg.kernel_.variance > 100.0
+    assert reg.y_mean_ == 0.0 and reg.y_scale_ == 1.0
