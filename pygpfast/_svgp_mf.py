@@ -29,8 +29,9 @@ from sklearn.base import is_classifier
 from sklearn.exceptions import ConvergenceWarning
 
 from . import _core
-from ._svgp_optim import hyper_bounds
+from ._svgp_optim import column_spread
 from .exceptions import NumericalWarning
+from .kernels import hyper_bounds
 
 __all__ = ["MFFit", "check_estimator_params", "fit", "mf_bound", "mf_posterior"]
 
@@ -135,7 +136,7 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         Labels in {0, 1}.
     jitter : float
     train_Z, train_hyper : bool
-        Optimise Z, the kernel parameters (log scale, within ``_svgp_optim.hyper_bounds`` of
+        Optimise Z, the kernel parameters (log scale, within ``kernels.hyper_bounds`` of
         their starting values).
     max_iter : int
         L-BFGS-B iterations.
@@ -172,8 +173,7 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
     n_Z = M * D if train_Z else 0
     # Z in units of the spread of its columns (as in _svgp_optim.Packer): steps independent of
     # the scale of the features.
-    spread = Z.std(axis=0)
-    z_scale = np.where(spread > 0, spread, 1.0)
+    z_scale = column_spread(Z)
 
     def set_x(x):
         nonlocal Z

@@ -31,7 +31,7 @@ import scipy.optimize
 from scipy.linalg import lapack
 
 from .exceptions import NumericalWarning
-from .kernels import PARAM_BOUNDS
+from .kernels import hyper_bounds
 from .likelihoods import Gaussian
 
 __all__ = [
@@ -40,19 +40,16 @@ __all__ = [
     "NaturalGradient",
     "Packer",
     "StochasticTrainer",
+    "column_spread",
     "fit_lbfgs",
-    "hyper_bounds",
 ]
 
 
-def hyper_bounds(theta0):
-    """Box constraints (lower, upper) on log hyperparameters that start at ``theta0``:
-    log PARAM_BOUNDS, widened to log PARAM_BOUNDS + theta0 where that reaches further, so a
-    starting value outside PARAM_BOUNDS (the median-distance lengthscale of features on a
-    scale of 1e6, a user's White(1e-8)) is kept, with the same range of 1e5 either way."""
-    theta0 = np.asarray(theta0, dtype=np.float64)
-    lo, hi = np.log(PARAM_BOUNDS)
-    return np.minimum(lo, theta0 + lo), np.maximum(hi, theta0 + hi)
+def column_spread(Z):
+    """The standard deviation of each column of Z [M, D] (1 where a column does not vary): the
+    unit in which the optimisers move the inducing inputs."""
+    spread = np.std(Z, axis=0)
+    return np.where(spread > 0, spread, 1.0)
 
 
 class Packer:
@@ -64,10 +61,10 @@ class Packer:
 
     Scale: Z is packed in units of the spread (standard deviation) of its columns at
     construction (1 where a column does not vary), and the log hyperparameters are bounded by
-    :func:`hyper_bounds` around their starting values, so that the optimisers take the same
-    steps whatever the units of the features (without it, Adam's steps of 0.01 on Z scatter
-    the inducing inputs of features on a scale of 1e-3, and the bounds clipped the starting
-    lengthscales of features on a scale of 1e6).
+    :func:`pygpfast.kernels.hyper_bounds` around their starting values, so that the
+    optimisers take the same steps whatever the units of the features (without it, Adam's
+    steps of 0.01 on Z scatter the inducing inputs of features on a scale of 1e-3, and the
+    bounds clipped the starting lengthscales of features on a scale of 1e6).
 
     Optimisers call :meth:`apply` every step: it sets q and Z on the model and returns the
     hyperparameters in the core's form without writing them to the kernel and likelihood
@@ -87,8 +84,7 @@ class Packer:
         self.size = n_q + n_Z + self.n_kern + self.n_lik
         self._hyper_start = n_q + n_Z
         self._fixed_hyper = model.core_hyper()
-        spread = model.Z.std(axis=0)
-        self.z_scale = np.where(spread > 0, spread, 1.0)
+        self.z_scale = column_spread(model.Z)
         # Box constraints (on the log positive parameters, none elsewhere).
         self.lower = np.full(self.size, -np.inf)
         self.upper = np.full(self.size, np.inf)

@@ -369,14 +369,12 @@ class _Hyperparameters:
         return np.concatenate(parts)
 
     def bounds(self):
-        """The kernel's box widened to reach its factors (1e-5, 1e5) of the starting values:
-        the same search for inputs in any units (features in the millions start from
-        lengthscales above the kernel's 1e5, which L-BFGS-B would clip)."""
+        """The kernel parameters' box of :func:`pygpfast.kernels.hyper_bounds` around their
+        starting values (the same search for inputs in any units); +-1e3 for the means and
+        the thresholds' coordinates."""
         theta = self.get()
         P = self.kernel.n_params
-        box = self.kernel.bounds
-        box = np.column_stack([np.minimum(box[:, 0], theta[:P] + box[:, 0]),
-                               np.maximum(box[:, 1], theta[:P] + box[:, 1])])
+        box = np.column_stack(_kernels.hyper_bounds(theta[:P]))
         return np.vstack([box, np.tile([-1e3, 1e3], (theta.size - P, 1))])
 
     def set(self, theta):

@@ -36,6 +36,17 @@ __all__ = [
 #: Lower and upper bound of every hyperparameter, used by :attr:`Kernel.bounds`.
 PARAM_BOUNDS = (1e-5, 1e5)
 
+
+def hyper_bounds(theta0):
+    """Box constraints (lower [n], upper [n]) for a search over log hyperparameters that start
+    at ``theta0`` [n]: log PARAM_BOUNDS, widened to log PARAM_BOUNDS + theta0 where that reaches
+    further, so a starting value outside PARAM_BOUNDS (the median-distance lengthscale of
+    features on a scale of 1e6, a user's White(1e-8)) is kept, with the same range of 1e5
+    either way. Used by every estimator's hyperparameter search."""
+    theta0 = np.asarray(theta0, dtype=np.float64)
+    lo, hi = np.log(PARAM_BOUNDS)
+    return np.minimum(lo, theta0 + lo), np.maximum(hi, theta0 + hi)
+
 # Node type codes of the core (csrc/include/pygpfast/kernels.hpp, enum KernelType).
 _RBF, _MATERN12, _MATERN32, _MATERN52, _LINEAR, _CONSTANT, _WHITE, _SUM, _PRODUCT = range(9)
 

@@ -9,8 +9,7 @@ import pytest
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from pygpfast import SVGPClassifier, SVGPRegressor, kernels
-from pygpfast._svgp_optim import hyper_bounds
-from pygpfast.kernels import PARAM_BOUNDS
+from pygpfast.kernels import PARAM_BOUNDS, hyper_bounds
 
 
 def _data(n=200, seed=0):

@@ -159,7 +159,7 @@ namespace {
 
 // One diagonal block of cholesky_reverse: Dbar (lower triangle read) becomes the lower-only
 // gradient with respect to D0 = D D^T: the symmetric L^-T sym(Phi(D^T Dbar)) L^-1 (Murray's
-// eq. 10, 2 w^3 flops in triangular BLAS-3) folded onto the lower triangle.
+// eq. 10, 3 w^3 flops in triangular BLAS-3) folded onto the lower triangle.
 void cholesky_reverse_block(ConstMatrixView D, MatrixView Dbar, std::vector<double>& work) {
   using namespace blas;
   const index_t w = D.rows;

@@ -508,6 +508,8 @@ void precomputed_to_whitened(const Shared& sh, const Wants& wants, Partials& p) 
     if (!wants.dSw && !wants.dLw) continue;
     std::copy(X.begin(), X.end(), dS.begin());
     blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, dSV);
+    // Symmetrised even when only d/dL_w is wanted, so that every gradient is bitwise the same
+    // whichever outputs are asked for (natural or plain, tested).
     symmetrise(dSV);
     if (wants.dSw) {
       double* out = p.dSw.data() + l * M * M;
