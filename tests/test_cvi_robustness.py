@@ -8,7 +8,7 @@ import pytest
 from scipy import special
 from sklearn.exceptions import ConvergenceWarning
 
-from pygpfast import VGPClassifier, VGPPoissonRegressor
+from pygpfast import VGPClassifier, VGPPoissonRegressor, cvi
 from pygpfast.kernels import RBF
 
 
@@ -27,6 +27,51 @@ def test_poisson_search_survives_far_trial_points(seed):
     pred = reg.predict(X)
     assert np.all(np.isfinite(pred))
     assert np.corrcoef(np.log(pred), 5.0 + np.sin(3.0 * X[:, 0]))[0, 1] > 0.9
+
+
+def _poisson_problem(n=200, variance=100.0):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3.0, 3.0, (n, 1))
+    y = rng.poisson(np.exp(1.0 + np.cos(X[:, 0]))).astype(np.float64)
+    K = RBF(variance=variance, lengthscale=1.0)(X) + 1e-8 * variance * np.eye(n)
+    return X, y, K
+
+
+def test_opper_archambeau_backs_off_from_overflowing_steps():
+    # From unit site precisions at prior variance 100, L-BFGS-B's first trial step overflowed
+    # exp(m + v/2); its line search cannot backtrack from an infinite value, so it went back
+    # to the start and reported convergence there (bound -923 against the optimum's -402).
+    _, y, K = _poisson_problem()
+    lb = cvi.LocalBound("poisson")
+    best = cvi.infer(K, y, lb, lambda_=np.ones((1, len(y))), tol=1e-13)
+    oa = cvi.infer(K, y, lb, method="opper-archambeau", lambda_=np.ones((1, len(y))),
+                   max_iter=300, tol=1e-12)
+    assert oa.info["overflowing_trials"] >= 1
+    assert np.all(np.isfinite(oa.history[:, 0])) and np.all(np.diff(oa.history[:, 0]) >= 0)
+    assert oa.history[0, 0] < -900.0
+    assert best.bound - 0.02 * abs(best.bound) < oa.bound <= best.bound + 1e-9
+
+
+def test_opper_archambeau_start_with_infinite_bound_is_a_clear_error():
+    _, y, K = _poisson_problem(variance=1e4)
+    with pytest.raises(ValueError, match="not finite at the starting point"):
+        cvi.infer(K, y, cvi.LocalBound("poisson"), method="opper-archambeau")
+
+
+@pytest.mark.parametrize("variance", [100.0, 1e3])
+def test_opper_archambeau_estimator_says_when_it_stops_short(variance):
+    # Prior variance 1000 crashed the fit ("the Opper-Archambeau parameters must be finite");
+    # at 100 L-BFGS-B's relative-reduction test passed 6.6 nats below the optimum, silently.
+    X, y, _ = _poisson_problem()
+    kernel = RBF(variance=variance, lengthscale=1.0)
+    with pytest.warns(ConvergenceWarning, match="below the optimum"):
+        oa = VGPPoissonRegressor(kernel=kernel, method="opper-archambeau",
+                                 optimize_hyperparameters=False).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        fp = VGPPoissonRegressor(kernel=kernel, optimize_hyperparameters=False).fit(X, y)
+    assert np.isfinite(oa.bound_) and oa.bound_ < fp.bound_
+    assert np.all(np.isfinite(oa.predict(X)))
 
 
 @pytest.mark.parametrize("variance", [500.0, 1e3, 1e5])
