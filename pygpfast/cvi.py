@@ -461,7 +461,8 @@ class _Run:
         try:
             out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
             stalled = not out[0]["converged"]
-        except (LinAlgError, ValueError):  # (ValueError: a non-finite entry on the way)
+        # (ValueError: the Opper-Archambeau bound overflowed at the warm start)
+        except (LinAlgError, ValueError):
             if not warm:
                 raise
             stalled = True

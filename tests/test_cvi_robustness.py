@@ -8,7 +8,7 @@ import pytest
 from scipy import special
 from sklearn.exceptions import ConvergenceWarning
 
-from pygpfast import VGPClassifier, VGPPoissonRegressor, cvi
+from pygpfast import LinAlgError, VGPClassifier, VGPPoissonRegressor, cvi
 from pygpfast.kernels import RBF
 
 
@@ -173,3 +173,16 @@ def test_clear_errors_for_bad_parameters_and_targets(rng):
     with pytest.raises(ValueError, match="counts"):  # was numpy's UFuncTypeError
         VGPPoissonRegressor(**kw).fit(X, np.array(["1", "2"])[y])
     assert np.isfinite(VGPPoissonRegressor(**kw).fit(X, y.astype(bool)).bound_)
+
+
+def test_overflowing_site_precisions_are_a_linalg_error(rng):
+    # A warm start from far-away hyperparameters can carry site precisions whose products with
+    # the kernel overflow in Newton's I + Lambda^1/2 Sigma Lambda^1/2. That is a numerical
+    # breakdown (pygpfast.LinAlgError, on which the estimators retry from a cold start), not
+    # bad input: it came out as ValueError("cholesky: matrix has a non-finite entry").
+    X = rng.standard_normal((30, 2))
+    y = rng.poisson(2.0, 30).astype(np.float64)
+    K = RBF(variance=1e10)(X) + 1e-6 * np.eye(30)
+    with pytest.raises(LinAlgError, match="overflowed"):
+        cvi.infer(K, y, cvi.LocalBound("poisson"), alpha=np.full((1, 30), 1e3),
+                  lambda_=np.full((1, 30), 1e300))

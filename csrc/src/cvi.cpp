@@ -61,8 +61,20 @@ void check_sigma(ConstMatrixView Sigma) {
 void factor_b(ConstMatrixView Sigma, const double* s, MatrixView B, bool jitter, Counter& count) {
   const index_t N = Sigma.rows;
   for (index_t i = 0; i < N; ++i) {
-    for (index_t j = 0; j <= i; ++j) B(i, j) = s[i] * Sigma(i, j) * s[j];
+    double zero = 0.0;  // stays 0 unless an entry of the row is inf or NaN
+    for (index_t j = 0; j <= i; ++j) {
+      B(i, j) = s[i] * Sigma(i, j) * s[j];
+      zero += B(i, j) * 0.0;
+    }
     B(i, i) += 1.0;
+    // Site precisions large enough to overflow s_i Sigma_ij s_j are a breakdown of the
+    // inference (a warm start from far-away hyperparameters), not bad input.
+    if (zero != 0.0)
+      throw LinAlgError("cvi", static_cast<int>(i + 1),
+                        "I + Lambda^1/2 Sigma Lambda^1/2 overflowed in row " +
+                            std::to_string(i + 1) +
+                            ": the site precisions are too large for this kernel; start from "
+                            "smaller ones");
   }
   count.add(2.0 * static_cast<double>(N) * N + static_cast<double>(N) * N * N / 3.0);
   if (jitter) {
