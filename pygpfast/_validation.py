@@ -1,9 +1,17 @@
 """Input validation shared by the public API (scikit-learn's utilities underneath)."""
 
+import numbers
+
 import numpy as np
 from sklearn.utils import check_array
 
-__all__ = ["as_matrix", "as_vector", "check_same_dim"]
+__all__ = ["as_matrix", "as_vector", "check_int", "check_same_dim"]
+
+
+def check_int(value, name, low):
+    """Raise ValueError unless value is an int (not a bool) >= low."""
+    if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low):
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
 def as_matrix(X, name="X", *, allow_empty=False):

@@ -55,6 +55,7 @@ from . import _core
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from .exceptions import LinAlgError
+from ._validation import check_int
 from .piecewise import llp_bound
 from .svgp import _default_kernel
 
@@ -452,10 +453,12 @@ class _Run:
         self.start = (np.zeros((L, N)), np.full((L, N), lambda0))
         self.alpha, self.lambda_ = self.start[0].copy(), self.start[1].copy()
         self.last = None
+        self.evaluations = 0
 
     def evaluate(self, theta):
         """The bound and its gradients at theta: (info, (d_kernel, d_mean, d_thresholds))."""
         self.hyper.set(theta)
+        self.evaluations += 1
         warm = not (np.array_equal(self.alpha, self.start[0])
                     and np.array_equal(self.lambda_, self.start[1]))
         try:
@@ -494,10 +497,10 @@ class _VGPEstimator(BaseEstimator):
         if self.method not in _METHODS:
             raise ValueError(f"method must be one of {_METHODS}, got {self.method!r}")
         for name in ("max_iter", "inner_max_iter", "block_size"):
-            value = getattr(self, name)
-            if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)
-                    and value >= 1):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_int(getattr(self, name), name, 1)
+        check_int(self.verbose, "verbose", 0)
+        if self.callback is not None and not callable(self.callback):
+            raise ValueError(f"callback must be callable or None, got {self.callback!r}")
         if not (isinstance(self.tol, numbers.Real) and not isinstance(self.tol, bool)
                 and 0 < self.tol < np.inf):
             raise ValueError(f"tol must be a positive number, got {self.tol!r}")
@@ -512,25 +515,36 @@ class _VGPEstimator(BaseEstimator):
         kernel = copy.deepcopy(self.kernel) if self.kernel is not None else _default_kernel(X, rs)
         run = _Run(self, X, t, _Hyperparameters(kernel, local_bound,
                                                 np.asarray(mean, dtype=np.float64), learn_mean))
+        self._clock = time.perf_counter()
         theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
-        info, alpha, lam, Pi = run.at(theta)
+        info, alpha, lam, Pi = self._set_fitted(run, theta)
         if not self.optimize_hyperparameters:
             self.history_, self.n_evaluations_ = info["history"][:, 0].copy(), 1
             self.n_iter_ = int(info["iterations"])
+            if self.verbose:
+                print(f"[{type(self).__name__}] bound {self.bound_: .8e}  "
+                      f"{self.n_iter_} inference iterations  "
+                      f"{time.perf_counter() - self._clock:.1f} s", flush=True)
         if not info["converged"]:
             warnings.warn(f"{self.method} inference did not converge in inner_max_iter="
                           f"{self.inner_max_iter} iterations; increase it or tol",
                           ConvergenceWarning, stacklevel=3)
         elif self.method == "opper-archambeau":
             self._check_oa_optimum(run.hyper, X, t, alpha, lam, float(info["bound"]))
-        self.kernel_ = run.hyper.kernel
-        self.local_bound_ = run.hyper.local_bound
-        self.mean_ = run.hyper.mean
+        return self
+
+    def _set_fitted(self, run, theta):
+        """The fitted attributes at theta (the final one, or the current one for a callback);
+        returns (info, alpha, lambda, Pi)."""
+        info, alpha, lam, Pi = run.at(theta)
+        self.kernel_ = copy.deepcopy(run.hyper.kernel)
+        self.local_bound_ = copy.deepcopy(run.hyper.local_bound)
+        self.mean_ = run.hyper.mean.copy()
         self.bound_ = float(info["bound"])
         self.inference_info_ = {k: v for k, v in info.items() if k != "history"}
         self.alpha_, self.lambda_, self.Pi_ = alpha, lam, Pi
-        self.X_train_ = X
-        return self
+        self.X_train_ = run.X
+        return info, alpha, lam, Pi
 
     def _check_oa_optimum(self, hyper, X, t, alpha, lam, bound):
         """Warn when L-BFGS-B's relative-reduction stop left the bound short of its optimum.
@@ -565,7 +579,17 @@ class _VGPEstimator(BaseEstimator):
             return -info["bound"] / N, -run.hyper.gradient(*grads) / N
 
         def callback(intermediate_result):
-            history.append(-float(intermediate_result.fun) * N)
+            bound = -float(intermediate_result.fun) * N
+            history.append(bound)
+            it = len(history)
+            if self.verbose and it % self.verbose == 0:
+                print(f"[{type(self).__name__}] iter {it:4d}  bound {bound: .8e}  "
+                      f"{run.evaluations} evaluations  "
+                      f"{time.perf_counter() - self._clock:.1f} s", flush=True)
+            if self.callback is not None:
+                self._set_fitted(run, intermediate_result.x)  # (it may predict)
+                if self.callback(self, it, bound):
+                    raise StopIteration  # (L-BFGS-B then returns its current point)
 
         res = scipy.optimize.minimize(
             objective, run.hyper.get(), jac=True, method="L-BFGS-B", bounds=run.hyper.bounds(),
@@ -636,6 +660,13 @@ _COMMON_DOC = """
         updates of V accurate when K is numerically singular.
     random_state : int, RandomState or None
         For the default kernel's heuristic.
+    verbose : int, default 0
+        Print the bound, the inferences run and the elapsed time every `verbose`
+        hyperparameter iterations, or once when the hyperparameters are fixed (0: silent).
+    callback : callable, optional
+        ``callback(estimator, iteration, bound) -> bool`` after every hyperparameter iteration;
+        True stops the search there. The estimator's fitted attributes hold the current
+        hyperparameters and posterior, so it may call ``predict``.
 """
 
 _COMMON_ATTRIBUTES = """
@@ -688,7 +719,7 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
     def __init__(self, likelihood="logit", *, kernel=None, bound="quadratic", n_pieces=20,
                  method="fixed-point", optimize_hyperparameters=True, max_iter=100,
                  inner_max_iter=200, tol=1e-8, block_size=64, jitter=1e-6, learn_mean=None,
-                 random_state=None):
+                 random_state=None, verbose=0, callback=None):
         self.likelihood = likelihood
         self.kernel = kernel
         self.bound = bound
@@ -702,6 +733,8 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         self.jitter = jitter
         self.learn_mean = learn_mean
         self.random_state = random_state
+        self.verbose = verbose
+        self.callback = callback
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -833,7 +866,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
 
     def __init__(self, *, kernel=None, method="fixed-point", optimize_hyperparameters=True,
                  max_iter=100, inner_max_iter=200, tol=1e-8, block_size=64, jitter=1e-6,
-                 learn_mean=True, random_state=None):
+                 learn_mean=True, random_state=None, verbose=0, callback=None):
         self.kernel = kernel
         self.method = method
         self.optimize_hyperparameters = optimize_hyperparameters
@@ -844,6 +877,8 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         self.jitter = jitter
         self.learn_mean = learn_mean
         self.random_state = random_state
+        self.verbose = verbose
+        self.callback = callback
 
     def fit(self, X, y):
         """Fit q and (optionally) the hyperparameters.

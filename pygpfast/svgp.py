@@ -32,7 +32,7 @@ from . import likelihoods as _likelihoods
 from ._streaming import check_rows, iter_blocks, minibatches
 from ._svgp_optim import StochasticTrainer, fit_lbfgs
 from ._threads import get_num_threads
-from ._validation import as_matrix, as_vector, check_same_dim
+from ._validation import as_matrix, as_vector, check_int, check_same_dim
 from .exceptions import NumericalWarning
 
 __all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]
@@ -203,10 +203,6 @@ def _default_kernel(X, random_state, variance=1.0):
     return _kernels.RBF(variance=variance, lengthscale=spread * np.sqrt(D))
 
 
-def _check_int(value, name, low):
-    if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low):
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-
 
 def _check_auto_or_positive(value, name, upper=None):
     if isinstance(value, str) and value == "auto":
@@ -246,12 +242,12 @@ class _SVGPEstimator(BaseEstimator):
             raise ValueError(f"optimizer must be one of {self._OPTIMIZERS}, got {self.optimizer!r}")
         if self.method == "mf":
             _svgp_mf.check_estimator_params(self)
-        _check_int(self.n_inducing, "n_inducing", 1)
-        _check_int(self.max_iter, "max_iter", 1)
-        _check_int(self.n_iter_no_change, "n_iter_no_change", 1)
-        _check_int(self.verbose, "verbose", 0)
+        check_int(self.n_inducing, "n_inducing", 1)
+        check_int(self.max_iter, "max_iter", 1)
+        check_int(self.n_iter_no_change, "n_iter_no_change", 1)
+        check_int(self.verbose, "verbose", 0)
         if self.batch_size != "auto":
-            _check_int(self.batch_size, "batch_size", 1)
+            check_int(self.batch_size, "batch_size", 1)
         _check_auto_or_positive(self.learning_rate, "learning_rate")
         _check_auto_or_positive(self.natgrad_step, "natgrad_step", upper=1.0)
         if not (isinstance(self.tol, numbers.Real) and self.tol >= 0):
@@ -436,7 +432,7 @@ class _SVGPEstimator(BaseEstimator):
         t = self._encode_targets(y, first_call=first, classes=classes)
         n = X.shape[0]
         if n_total is not None:
-            _check_int(n_total, "n_total", 1)
+            check_int(n_total, "n_total", 1)
         if first:
             if self.inducing_points is None and n < self.n_inducing:
                 warnings.warn(

@@ -244,6 +244,43 @@ def test_clear_errors(rng):
     clf = VGPClassifier(optimize_hyperparameters=False).fit(X, y % 2)
     with pytest.raises(ValueError, match="features"):
         clf.predict(X[:, :1])
+    with pytest.raises(ValueError, match="verbose"):
+        VGPClassifier(verbose=-1).fit(X, y % 2)
+    with pytest.raises(ValueError, match="callback"):
+        VGPPoissonRegressor(callback="print").fit(X, y)
+
+
+def test_verbose_reports_progress(rng, capsys):
+    X, y = blobs(60, rng)
+    clf = VGPClassifier(verbose=2).fit(X, y % 2)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == clf.n_iter_ // 2 and clf.n_iter_ >= 4
+    assert all(line.startswith("[VGPClassifier] iter") and "bound" in line for line in lines)
+    assert f"{clf.history_[1]: .8e}" in lines[0]  # iteration 2's bound
+    VGPPoissonRegressor(verbose=1, optimize_hyperparameters=False).fit(X, y)
+    out = capsys.readouterr().out
+    assert out.startswith("[VGPPoissonRegressor] bound") and out.count("\n") == 1
+
+
+def test_callback_sees_the_current_posterior_and_can_stop(rng):
+    X, y = blobs(60, rng)
+    y = y % 2
+    seen = []
+
+    def callback(est, iteration, bound):
+        seen.append((iteration, bound, est.bound_, est.predict_proba(X[:5])[:, 1]))
+        return iteration == 3
+
+    clf = VGPClassifier(callback=callback).fit(X, y)
+    assert [s[0] for s in seen] == [1, 2, 3]
+    assert clf.n_iter_ == 3 and len(clf.history_) == 3
+    for iteration, bound, fitted_bound, _ in seen:  # the attributes are the iteration's
+        assert fitted_bound == pytest.approx(bound, rel=1e-12)
+    assert not np.allclose(seen[0][3], seen[2][3])  # the posterior moved between iterations
+    np.testing.assert_allclose(clf.predict_proba(X[:5])[:, 1], seen[2][3], rtol=1e-12)
+    assert clf.bound_ == pytest.approx(seen[2][1], rel=1e-12)
+    full = VGPClassifier().fit(X, y)
+    assert full.n_iter_ > 3 and full.bound_ > clf.bound_
 
 
 @pytest.mark.skipif(not (DATA / "uci_glass.npz").exists(), reason="shared data not available")
