@@ -8,9 +8,11 @@ from sklearn.utils import check_array
 __all__ = ["as_matrix", "as_vector", "check_int", "check_same_dim"]
 
 
-def check_int(value, name, low):
-    """Raise ValueError unless value is an int (not a bool) >= low."""
-    if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low):
+def check_int(value, name, low, *, allow_bool=False):
+    """Raise ValueError unless value is an int >= low (a bool only with allow_bool, for
+    ``verbose=True``)."""
+    if not (isinstance(value, numbers.Integral) and (allow_bool or not isinstance(value, bool))
+            and value >= low):
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 

@@ -498,7 +498,7 @@ class _VGPEstimator(BaseEstimator):
             raise ValueError(f"method must be one of {_METHODS}, got {self.method!r}")
         for name in ("max_iter", "inner_max_iter", "block_size"):
             check_int(getattr(self, name), name, 1)
-        check_int(self.verbose, "verbose", 0)
+        check_int(self.verbose, "verbose", 0, allow_bool=True)
         if self.callback is not None and not callable(self.callback):
             raise ValueError(f"callback must be callable or None, got {self.callback!r}")
         if not (isinstance(self.tol, numbers.Real) and not isinstance(self.tol, bool)
@@ -660,9 +660,10 @@ _COMMON_DOC = """
         updates of V accurate when K is numerically singular.
     random_state : int, RandomState or None
         For the default kernel's heuristic.
-    verbose : int, default 0
+    verbose : int or bool, default 0
         Print the bound, the inferences run and the elapsed time every `verbose`
-        hyperparameter iterations, or once when the hyperparameters are fixed (0: silent).
+        hyperparameter iterations, or once when the hyperparameters are fixed (0 or False:
+        silent; True: every iteration).
     callback : callable, optional
         ``callback(estimator, iteration, bound) -> bool`` after every hyperparameter iteration;
         True stops the search there. The estimator's fitted attributes hold the current

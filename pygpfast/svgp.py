@@ -245,7 +245,7 @@ class _SVGPEstimator(BaseEstimator):
         check_int(self.n_inducing, "n_inducing", 1)
         check_int(self.max_iter, "max_iter", 1)
         check_int(self.n_iter_no_change, "n_iter_no_change", 1)
-        check_int(self.verbose, "verbose", 0)
+        check_int(self.verbose, "verbose", 0, allow_bool=True)
         if self.batch_size != "auto":
             check_int(self.batch_size, "batch_size", 1)
         _check_auto_or_positive(self.learning_rate, "learning_rate")
@@ -575,8 +575,9 @@ _COMMON_DOC = """
         Added to the diagonal of K(Z, Z).
     random_state : int, RandomState or None
         Seeds the subsample and k-means of the initialisation and the minibatch order.
-    verbose : int, default 0
-        Print the ELBO, rows/s and the elapsed time every `verbose` iterations (0: silent).
+    verbose : int or bool, default 0
+        Print the ELBO, rows/s and the elapsed time every `verbose` iterations (0 or False:
+        silent; True: every iteration).
     callback : callable, optional
         ``callback(estimator, iteration, elbo) -> bool`` after every iteration (an L-BFGS-B
         iteration, an epoch, or a partial_fit call); True stops the fit. The estimator's

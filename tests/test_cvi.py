@@ -257,6 +257,9 @@ def test_verbose_reports_progress(rng, capsys):
     assert len(lines) == clf.n_iter_ // 2 and clf.n_iter_ >= 4
     assert all(line.startswith("[VGPClassifier] iter") and "bound" in line for line in lines)
     assert f"{clf.history_[1]: .8e}" in lines[0]  # iteration 2's bound
+    with pytest.warns(ConvergenceWarning, match="max_iter"):
+        VGPClassifier(verbose=True, max_iter=3).fit(X, y % 2)
+    assert capsys.readouterr().out.count("[VGPClassifier] iter") == 3  # True: every iteration
     VGPPoissonRegressor(verbose=1, optimize_hyperparameters=False).fit(X, y)
     out = capsys.readouterr().out
     assert out.startswith("[VGPPoissonRegressor] bound") and out.count("\n") == 1

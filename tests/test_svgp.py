@@ -297,6 +297,9 @@ def test_callback_can_stop_and_verbose_prints(rng, capsys):
     SVGPClassifier(n_inducing=8, max_iter=100, verbose=1, callback=cb, random_state=0).fit(X, y)
     assert len(seen) == 3
     assert "ELBO" in capsys.readouterr().out
+    seen.clear()
+    SVGPClassifier(n_inducing=8, max_iter=100, verbose=True, callback=cb, random_state=0).fit(X, y)
+    assert capsys.readouterr().out.count("ELBO") == 3  # True: every iteration
 
 
 @pytest.mark.parametrize(
