@@ -306,8 +306,8 @@ def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
 def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
     """L-BFGS-B over (alpha, lambda >= 0) on eq. (11), recording the bound per iteration.
 
-    With the Poisson and log-sum-exp bounds a trial step can overflow exp(m + v / 2) (m = Sigma
-    alpha moves by Sigma times the step). L-BFGS-B's line search cannot backtrack from an
+    With the Poisson bound a trial step can overflow exp(m + v / 2) (m = Sigma alpha moves by
+    Sigma times the step). L-BFGS-B's line search cannot backtrack from an
     infinite value: it returns to its start and reports convergence. A trial point whose bound
     is not finite is therefore given the value of a quadratic wall around the current iterate,
     higher than the iterate's own, so that the line search shortens the step; such a point is
@@ -516,8 +516,12 @@ class _VGPEstimator(BaseEstimator):
         run = _Run(self, X, t, _Hyperparameters(kernel, local_bound,
                                                 np.asarray(mean, dtype=np.float64), learn_mean))
         self._clock = time.perf_counter()
-        theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
-        info, alpha, lam, Pi = self._set_fitted(run, theta)
+        try:
+            theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
+            info, alpha, lam, Pi = self._set_fitted(run, theta)
+        except BaseException:  # (a callback may have set the attributes of a search that failed)
+            self._forget()
+            raise
         if not self.optimize_hyperparameters:
             self.history_, self.n_evaluations_ = info["history"][:, 0].copy(), 1
             self.n_iter_ = int(info["iterations"])
@@ -532,6 +536,11 @@ class _VGPEstimator(BaseEstimator):
         elif self.method == "opper-archambeau":
             self._check_oa_optimum(run.hyper, X, t, alpha, lam, float(info["bound"]))
         return self
+
+    def _forget(self):
+        """Unfit: a fit that fails leaves no mix of the previous fit and this one."""
+        if hasattr(self, "alpha_"):  # (what check_is_fitted looks for)
+            del self.alpha_
 
     def _set_fitted(self, run, theta):
         """The fitted attributes at theta (the final one, or the current one for a callback);
@@ -761,6 +770,7 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         if self.bound not in _BOUND_KINDS:
             raise ValueError(f"bound must be one of {_BOUND_KINDS}, got {self.bound!r}")
         self._check_params()
+        self._forget()
         X, y = validate_data(self, X, y, dtype=np.float64, order="C")
         check_classification_targets(y)
         encoder = LabelEncoder().fit(y)
@@ -895,6 +905,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         self
         """
         self._check_params()
+        self._forget()
         X, y = validate_data(self, X, y, dtype=np.float64, order="C", y_numeric=True)
         if y.dtype.kind not in "biuf" or np.any(y < 0) or np.any(y != np.floor(y)):
             raise ValueError("y must hold counts (non-negative integers)")

@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 from scipy import special
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from pygpfast import LinAlgError, VGPClassifier, VGPPoissonRegressor, cvi
 from pygpfast.kernels import RBF
@@ -186,3 +186,25 @@ def test_overflowing_site_precisions_are_a_linalg_error(rng):
     with pytest.raises(LinAlgError, match="overflowed"):
         cvi.infer(K, y, cvi.LocalBound("poisson"), alpha=np.full((1, 30), 1e3),
                   lambda_=np.full((1, 30), 1e300))
+
+
+@pytest.mark.parametrize("failure", ["one class", "callback"])
+def test_failed_refit_leaves_the_estimator_unfitted(failure, rng):
+    # A refit that failed after validation kept the previous posterior under the new classes_
+    # (or, with a callback, the attributes of the failed search's last iteration).
+    X = rng.standard_normal((40, 2))
+    y = (X[:, 0] > 0).astype(int)
+    clf = VGPClassifier(optimize_hyperparameters=False).fit(X, y)
+
+    def broken(est, iteration, bound):
+        raise RuntimeError("stop")
+
+    if failure == "one class":
+        with pytest.raises(ValueError, match="at least 2"):
+            clf.fit(X, np.zeros(40))
+    else:
+        with pytest.raises(RuntimeError, match="stop"):
+            clf.set_params(optimize_hyperparameters=True, callback=broken).fit(X, y)
+    with pytest.raises(NotFittedError):
+        clf.predict(X)
+    assert clf.set_params(callback=None).fit(X, y).predict(X).shape == (40,)
