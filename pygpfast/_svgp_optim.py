@@ -48,8 +48,17 @@ __all__ = [
 def column_spread(Z):
     """The standard deviation of each column of Z [M, D] (1 where a column does not vary): the
     unit in which the optimisers move the inducing inputs."""
-    spread = np.std(Z, axis=0)
+    unit = power_of_two_unit(Z, axis=0)  # (np.std's squares overflow beyond ~1e154)
+    spread = np.std(Z / unit, axis=0) * unit
     return np.where(spread > 0, spread, 1.0)
+
+
+def power_of_two_unit(a, axis=None):
+    """A power of two within a factor 2 below max |a| (over `axis`; 1 where that is 0). Data
+    divided by it has entries in [-2, 2], so sums of squares do not overflow, and dividing by
+    a power of two is exact."""
+    largest = np.max(np.abs(a), axis=axis)
+    return np.where(largest > 0, np.ldexp(1.0, np.frexp(largest)[1] - 1), 1.0)
 
 
 class Packer:

@@ -30,7 +30,7 @@ from . import _svgp_mf
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from ._streaming import check_rows, iter_blocks, minibatches
-from ._svgp_optim import StochasticTrainer, fit_lbfgs
+from ._svgp_optim import StochasticTrainer, fit_lbfgs, power_of_two_unit
 from ._threads import get_num_threads
 from ._validation import as_matrix, as_vector, check_int, check_same_dim
 from .exceptions import NumericalWarning
@@ -185,11 +185,14 @@ def _init_inducing(X, M, random_state):
     n_sub = min(N, max(10 * M, 10000))
     idx = np.sort(sample_without_replacement(N, n_sub, random_state=random_state))
     sub = np.asarray(X[idx], dtype=np.float64)
+    # (In units of a power of two: k-means' squared distances overflow for inputs beyond
+    # ~1e154, and the scaling is exact, so the centres are otherwise bitwise the same.)
+    scale = float(power_of_two_unit(sub))
     km = KMeans(n_clusters=M, n_init=1, max_iter=30, random_state=random_state.randint(2**31 - 1))
     threads = 1 if 30.0 * 3 * n_sub * M * sub.shape[1] < 1e9 else get_num_threads()
     with threadpool_limits(limits=threads, user_api="openmp"):
-        km.fit(sub)
-    return np.ascontiguousarray(km.cluster_centers_)
+        km.fit(sub / scale)
+    return np.ascontiguousarray(km.cluster_centers_ * scale)
 
 
 def _default_kernel(X, random_state, variance=1.0):
