@@ -57,7 +57,7 @@ def power_of_two_unit(a, axis=None):
     """A power of two within a factor 2 below max |a| (over `axis`; 1 where that is 0). Data
     divided by it has entries in [-2, 2], so sums of squares do not overflow, and dividing by
     a power of two is exact."""
-    largest = np.max(np.abs(a), axis=axis)
+    largest = np.maximum(np.max(a, axis=axis), -np.min(a, axis=axis))  # (no copy of a)
     return np.where(largest > 0, np.ldexp(1.0, np.frexp(largest)[1] - 1), 1.0)
 
 

@@ -191,7 +191,7 @@ def _init_inducing(X, M, random_state):
     km = KMeans(n_clusters=M, n_init=1, max_iter=30, random_state=random_state.randint(2**31 - 1))
     threads = 1 if 30.0 * 3 * n_sub * M * sub.shape[1] < 1e9 else get_num_threads()
     with threadpool_limits(limits=threads, user_api="openmp"):
-        km.fit(sub / scale)
+        km.fit(np.divide(sub, scale, out=sub))  # (sub is a copy already)
     return np.ascontiguousarray(km.cluster_centers_ * scale)
 
 
