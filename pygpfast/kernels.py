@@ -60,6 +60,8 @@ def _check_positive(values, name):
 def _as_hyperparameter(value, name, per_dimension):
     """A positive float, or (when `per_dimension`) a non-empty 1-D float64 array copy."""
     try:
+        if np.asarray(value).dtype == bool:  # True would be taken for 1.0
+            raise TypeError("a bool is not a number here")
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{name} must be a positive number, got {value!r}") from e
@@ -437,7 +439,14 @@ class _Combination(Kernel):
     _symbol = None
 
     def __init__(self, kernels):
-        kernels = list(kernels)
+        try:
+            if isinstance(kernels, Kernel):  # Sum(k): not a sequence
+                raise TypeError
+            kernels = list(kernels)
+        except TypeError as e:
+            raise ValueError(
+                f"{type(self).__name__} takes a sequence of Kernel objects, got {kernels!r}"
+            ) from e
         if not kernels:
             raise ValueError(f"{type(self).__name__} needs at least one kernel")
         for k in kernels:

@@ -103,7 +103,12 @@ class Likelihood:
 
     @theta.setter
     def theta(self, values):
-        self.params = np.exp(as_vector(values, "theta", size=self.n_params, allow_empty=True))
+        values = as_vector(values, "theta", size=self.n_params, allow_empty=True)
+        with np.errstate(over="ignore"):
+            params = np.exp(values)
+        if not np.all(np.isfinite(params) & (params > 0)):
+            raise ValueError(f"exp(theta) must be finite and > 0, got theta = {values}")
+        self.params = params
 
     def _points(self, mu, var, y=None):
         mu = as_vector(mu, "mu")
@@ -225,7 +230,7 @@ class Bernoulli(Likelihood):
     """
 
     def __init__(self, link="probit", n_gh=20):
-        if link not in _LINKS:
+        if not isinstance(link, str) or link not in _LINKS:
             raise ValueError(f"link must be 'probit' or 'logit', got {link!r}")
         self.link = link
         self.n_gh = _check_n_gh(n_gh)

@@ -48,8 +48,9 @@ void bind_linalg(py::module_& m) {
       const double* xv = as_vector(x, "x", L0.rows);
       auto out = new_matrix(L0.rows, L0.cols);
       auto L = view_of(out);
+      // Only the lower triangle is read (as by solve_lower); the result's upper triangle is 0.
       for (index_t i = 0; i < L0.rows; ++i)
-        for (index_t j = 0; j < L0.cols; ++j) L(i, j) = L0(i, j);
+        for (index_t j = 0; j < L0.cols; ++j) L(i, j) = j <= i ? L0(i, j) : 0.0;
       std::vector<double> work(xv, xv + L0.rows);
       {
         py::gil_scoped_release release;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -196,7 +197,7 @@ struct Profile<KernelType::Matern32> {
   static void value_and_slope(double r2, double& f, double& df) {
     constexpr double kSqrt3 = 1.7320508075688772;
     const double r = std::sqrt(r2), e = vmath::exp(-kSqrt3 * r);
-    f = (1.0 + kSqrt3 * r) * e;
+    f = e > 0.0 ? (1.0 + kSqrt3 * r) * e : 0.0;  // (not inf * 0 at r = inf)
     df = -1.5 * e;
   }
 };
@@ -206,8 +207,8 @@ struct Profile<KernelType::Matern52> {
   static void value_and_slope(double r2, double& f, double& df) {
     constexpr double kSqrt5 = 2.23606797749979;
     const double r = std::sqrt(r2), e = vmath::exp(-kSqrt5 * r);
-    f = (1.0 + kSqrt5 * r + (5.0 / 3.0) * r2) * e;
-    df = -(5.0 / 6.0) * (1.0 + kSqrt5 * r) * e;
+    f = e > 0.0 ? (1.0 + kSqrt5 * r + (5.0 / 3.0) * r2) * e : 0.0;  // (not inf * 0 at r = inf)
+    df = e > 0.0 ? -(5.0 / 6.0) * (1.0 + kSqrt5 * r) * e : 0.0;
   }
 };
 
@@ -293,6 +294,17 @@ struct ScaledPair {
         a_norms(row_squared_norms(a)),
         b_norms(in.same ? a_norms : row_squared_norms(b)) {}
 
+  // Whether |a_i|^2 + |b_j|^2 - 2 a_i.b_j can overflow (inf - inf): inputs beyond ~1e154
+  // lengthscales from the mean of X.
+  bool norms_overflow() const {
+    constexpr double kLimit = std::numeric_limits<double>::max() / 4.0;
+    for (double v : a_norms)
+      if (!(v <= kLimit)) return true;
+    for (double v : b_norms)
+      if (!(v <= kLimit)) return true;
+    return false;
+  }
+
   std::vector<double> shift;
   Matrix a_buf, b_buf;  // b_buf is empty when `same` (b is a)
   ConstMatrixView a, b;
@@ -313,11 +325,32 @@ class Stationary final : public Node {
 
   void K(const Inputs& in, MatrixView out) const override {
     const ScaledPair s(in, inv_lengthscale_);
+    if (s.norms_overflow()) return K_direct(s, in.same, out);
     cross_product(s.a, s.b, in.same, -2.0, out);
     for_each_row(out.rows, out.cols, in.same, [&](index_t i, index_t end) noexcept {
       stationary_row(T, out.row(i), s.b_norms.data(), s.a_norms[i], in.same ? i : -1, variance_, end);
     });
     if (in.same) linalg::mirror_lower(out);
+  }
+
+  // K from the squared distances sum_d (a_id - b_jd)^2 summed directly (O(N M D), no GEMM), for
+  // inputs whose norms overflow; a distance that overflows gives k = 0, its limit.
+  void K_direct(const ScaledPair& s, bool same, MatrixView out) const {
+    const index_t D = s.a.cols;
+    const std::vector<double> zeros(static_cast<std::size_t>(out.cols), 0.0);
+    for_each_row(out.rows, out.cols, same, [&](index_t i, index_t end) noexcept {
+      double* o = out.row(i);
+      for (index_t j = 0; j < end; ++j) {
+        double r2 = 0.0;
+        for (index_t d = 0; d < D; ++d) {
+          const double diff = s.a(i, d) - s.b(j, d);
+          r2 += diff * diff;
+        }
+        o[j] = r2;
+      }
+      stationary_row(T, o, zeros.data(), 0.0, same ? i : -1, variance_, end);
+    });
+    if (same) linalg::mirror_lower(out);
   }
 
   void Kdiag(ConstMatrixView X, double* out) const override {

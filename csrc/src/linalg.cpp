@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -27,10 +28,14 @@ CholeskyResult cholesky_jitter(MatrixView A, double initial_relative_jitter,
     mean_diag += A(i, i);
   }
   mean_diag /= static_cast<double>(n);
+  if (mean_diag == std::numeric_limits<double>::infinity()) {  // the sum overflowed: sum d_i / n
+    mean_diag = 0.0;
+    for (index_t i = 0; i < n; ++i) mean_diag += A(i, i) / static_cast<double>(n);
+  }
   if (!(mean_diag > 0.0))
     throw LinAlgError("cholesky", 1,
                       "the matrix is not positive definite: its mean diagonal is " +
-                          std::to_string(mean_diag) + " (check the kernel variance)");
+                          format_value(mean_diag) + " (check the kernel variance)");
 
   // Keep the lower triangle so that a failed attempt can be retried from the original.
   std::vector<double> original(static_cast<std::size_t>(n * (n + 1) / 2));
@@ -49,12 +54,13 @@ CholeskyResult cholesky_jitter(MatrixView A, double initial_relative_jitter,
   const double max_jitter = max_relative_jitter * mean_diag;
   while (info != 0) {
     if (info < 0) throw LinAlgError("dpotrf", info, "illegal argument (internal error)");
-    if (jitter > max_jitter * (1.0 + 1e-12))
+    // (jitter is 0 when mean_diag * initial_relative_jitter underflows: growing it would not end)
+    if (jitter > max_jitter * (1.0 + 1e-12) || !(jitter > 0.0))
       throw LinAlgError(
           "dpotrf", first_info,
           "the matrix is not positive definite: the leading minor of order " +
               std::to_string(first_info) + " failed, even with jitter up to " +
-              std::to_string(max_jitter) +
+              format_value(max_jitter) +
               " added to the diagonal. Remove duplicate inputs, increase the noise/white "
               "variance, or increase the lengthscale's lower bound");
     restore(jitter);
@@ -105,7 +111,11 @@ void cholesky_downdate(MatrixView L, double* x) {
                           std::to_string(norm2) + " >= 1)");
   for (index_t k = 0; k < n; ++k) {
     const double lkk = L(k, k);
-    const double r = std::sqrt((lkk - x[k]) * (lkk + x[k]));
+    const double r2 = (lkk - x[k]) * (lkk + x[k]);
+    // When r2 overflows or underflows (factors beyond ~1e154 or below ~1e-154), r in units of lkk.
+    const double r = r2 >= std::numeric_limits<double>::min() && r2 <= std::numeric_limits<double>::max()
+                         ? std::sqrt(r2)
+                         : std::fabs(lkk) * std::sqrt((1.0 - x[k] / lkk) * (1.0 + x[k] / lkk));
     const double c = r / lkk, s = x[k] / lkk;
     L(k, k) = r;
     for (index_t i = k + 1; i < n; ++i) {

@@ -103,6 +103,10 @@ Expectation expected_at(const Bound& bound, double m, double v) {
                               : Knot{std::numeric_limits<double>::infinity(), 0.0, 0.0};
     const double a = bound.a[r], b = bound.b[r], c = bound.c[r];
     const double m0 = mass_between(lo, hi);
+    if (m0 == 0.0 && lo.phi == 0.0 && hi.phi == 0.0) {  // no mass: its terms are 0 (a m^2 may be inf)
+      lo = hi;
+      continue;
+    }
     const double dphi = lo.phi - hi.phi;
     const double slope_m = 2.0 * a * m + b;
     value += ((a * m + b) * m + c + a * v) * m0 + s * slope_m * dphi +
