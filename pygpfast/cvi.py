@@ -99,9 +99,9 @@ class LocalBound:
 
     def __init__(self, likelihood, *, bound="quadratic", n_pieces=20, num_classes=0,
                  thresholds=None):
-        if likelihood not in _KINDS:
+        if not isinstance(likelihood, str) or likelihood not in _KINDS:
             raise ValueError(f"likelihood must be one of {tuple(_KINDS)}, got {likelihood!r}")
-        if bound not in _BOUND_KINDS:
+        if not isinstance(bound, str) or bound not in _BOUND_KINDS:
             raise ValueError(f"bound must be one of {_BOUND_KINDS}, got {bound!r}")
         self.likelihood = likelihood
         self.bound = bound
@@ -118,7 +118,7 @@ class LocalBound:
         if likelihood == "ordinal":
             if thresholds is None:
                 thresholds = np.linspace(-1.0, 1.0, self.num_classes - 1)
-            thresholds = np.asarray(thresholds, dtype=np.float64).ravel()
+            thresholds = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
             if thresholds.shape != (self.num_classes - 1,):
                 raise ValueError(f"thresholds must have {self.num_classes - 1} entries")
             if not (np.all(np.isfinite(thresholds)) and np.all(np.diff(thresholds) > 0)):
@@ -199,10 +199,23 @@ class InferenceResult:
     info: dict
 
 
+def _check_local_bound(local_bound):
+    if not isinstance(local_bound, LocalBound):
+        raise ValueError(f"local_bound must be a LocalBound, got {local_bound!r}")
+
+
 def _check_sigma(Sigma):
+    """Sigma as a C-contiguous float64 [N, N]: ValueError unless it is square, non-empty and
+    symmetric to rounding (the core reads both triangles); asymmetry within rounding is
+    averaged out."""
     Sigma = np.ascontiguousarray(Sigma, dtype=np.float64)
     if Sigma.ndim != 2 or Sigma.shape[0] != Sigma.shape[1] or Sigma.shape[0] == 0:
         raise ValueError(f"Sigma must be a non-empty square matrix, got shape {Sigma.shape}")
+    if not np.array_equal(Sigma, Sigma.T):  # (NaN fails here too, and the core names it)
+        gap = np.max(np.abs(Sigma - Sigma.T))
+        if gap > 1e-10 * np.max(np.abs(Sigma)):
+            raise ValueError(f"Sigma must be symmetric, got |Sigma - Sigma^T| up to {gap:.3g}")
+        Sigma = np.ascontiguousarray(0.5 * (Sigma + Sigma.T))
     return Sigma
 
 
@@ -212,6 +225,8 @@ def _latent_array(x, L, N, name, default=0.0):
     x = np.ascontiguousarray(np.atleast_2d(np.asarray(x, dtype=np.float64)))
     if x.shape != (L, N):
         raise ValueError(f"{name} must be [{L}, {N}], got {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} contains NaN or infinity")
     return x
 
 
@@ -239,10 +254,10 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
     alpha, lambda_ : array_like [L, N], optional
         Starting point (zeros: Algorithm 1's initialisation V = Sigma, m = mean).
     method : {"fixed-point", "opper-archambeau"}
-    max_iter : int
-        Outer iterations of Algorithm 1, or L-BFGS-B iterations.
+    max_iter : int >= 0
+        Outer iterations of Algorithm 1, or L-BFGS-B iterations (0: the start's V and bound).
     tol : float
-        Relative tolerance on the bound.
+        Relative tolerance on the bound (<= 0: run max_iter iterations).
     block_size : int
         Coordinates per BLAS-3 block of Algorithm 1 (1: literal rank-one updates).
     skip_tol : float
@@ -256,8 +271,14 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if not isinstance(local_bound, LocalBound):
-        raise ValueError("local_bound must be a LocalBound")
+    _check_local_bound(local_bound)
+    check_int(max_iter, "max_iter", 0)
+    check_int(block_size, "block_size", 1)
+    for name, value, low in (("tol", tol, -np.inf), ("skip_tol", skip_tol, 0.0)):
+        if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                and low <= value < np.inf):
+            raise ValueError(f"{name} must be a finite number"
+                             f"{' >= 0' if low == 0 else ''}, got {value!r}")
     Sigma = _check_sigma(Sigma)
     N, L = Sigma.shape[0], local_bound.num_latent
     y = np.ascontiguousarray(y, dtype=np.float64)
@@ -294,6 +315,7 @@ def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
     value : float
     d_alpha, d_lambda : ndarray [L, N]
     """
+    _check_local_bound(local_bound)
     Sigma = _check_sigma(Sigma)
     N, L = Sigma.shape[0], local_bound.num_latent
     value, da, dl, _, _ = _core.cvi_oa_objective(

@@ -208,3 +208,33 @@ def test_failed_refit_leaves_the_estimator_unfitted(failure, rng):
     with pytest.raises(NotFittedError):
         clf.predict(X)
     assert clf.set_params(callback=None).fit(X, y).predict(X).shape == (40,)
+
+
+def test_building_block_arguments_are_checked(rng):
+    # Found by the building-block audit: each of these was accepted (and misread) or failed
+    # with an unrelated error (AttributeError, TypeError, "exp(m + v/2) overflows").
+    X = rng.standard_normal((20, 2))
+    y = (X[:, 0] > 0).astype(np.float64)
+    K = RBF()(X) + 1e-6 * np.eye(20)
+    lb = cvi.LocalBound("logit")
+    zeros = np.zeros((1, 20))
+    with pytest.raises(ValueError, match="likelihood must be"):
+        cvi.LocalBound(["logit"])
+    with pytest.raises(ValueError, match="local_bound must be a LocalBound"):
+        cvi.oa_objective(K, y, "logit", zeros, zeros)
+    with pytest.raises(ValueError, match="thresholds must have 2 entries"):
+        cvi.LocalBound("ordinal", num_classes=3, thresholds=[[-1.0, 1.0]])
+    with pytest.raises(ValueError, match="max_iter"):
+        cvi.infer(K, y, lb, max_iter=1.5)
+    with pytest.raises(ValueError, match="max_iter"):
+        cvi.infer(K, y, lb, method="opper-archambeau", max_iter=-1)
+    with pytest.raises(ValueError, match="alpha contains NaN"):
+        cvi.infer(K, y, lb, method="opper-archambeau", alpha=np.full((1, 20), np.nan))
+    asymmetric = K.copy()
+    asymmetric[0, 5] += 0.1
+    with pytest.raises(ValueError, match="symmetric"):
+        cvi.infer(asymmetric, y, lb)
+    # Asymmetry within rounding (K from a product, say) is averaged out, not refused.
+    rounded = K.copy()
+    rounded[0, 5] *= 1 + 1e-15
+    assert cvi.infer(rounded, y, lb).bound == pytest.approx(cvi.infer(K, y, lb).bound, rel=1e-12)
