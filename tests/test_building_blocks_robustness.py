@@ -105,6 +105,17 @@ def test_likelihood_theta_overflow_is_a_clear_error(theta):
     assert lik.variance == pytest.approx(2.0)
 
 
+def test_poisson_predictive_log_density_of_an_overflowing_rate_is_minus_inf():
+    # Every quadrature node's rate exp(f) overflowed at mu = 1000: log 0 came out as
+    # -inf - -inf = NaN from the log-sum-exp. A density that underflows at some nodes only
+    # stays the finite log-sum-exp of the others.
+    lik = likelihoods.Poisson()
+    out = lik.predict_log_density(np.array([2.0, 3.0, 0.0]), np.array([1000.0, 1.0, 700.0]),
+                                  np.array([0.1, 0.1, 40.0]))
+    assert out[0] == -np.inf
+    assert np.isfinite(out[1:]).all() and out[2] < -1e280
+
+
 # ---- linalg ----
 
 
@@ -207,3 +218,4 @@ def test_expected_llp_bound_at_huge_means_is_finite():
     np.testing.assert_array_equal(value, [1e200, bound.c[0], 1e155, bound.c[0]])
     np.testing.assert_array_equal(dm, [1.0, 0.0, 1.0, 0.0])
     np.testing.assert_array_equal(dv, 0.0)
+

@@ -189,6 +189,7 @@ double log_expected_density(const NormalQuadrature& q, double mu, double var,
   double sum = 0.0;
   for (int k = 0; k < q.size(); ++k) {
     const double a = q.log_w[k] + log_density(mu + scale * q.x[k]);
+    if (a == -std::numeric_limits<double>::infinity()) continue;  // (a density of 0 adds 0)
     if (a <= max) {
       sum += std::exp(a - max);
     } else {
@@ -196,6 +197,8 @@ double log_expected_density(const NormalQuadrature& q, double mu, double var,
       max = a;
     }
   }
+  // Every node's density 0 (a rate exp(f) that overflows): log 0, not log(0 / 0).
+  if (max == -std::numeric_limits<double>::infinity()) return max;
   return max + std::log(sum);
 }
 
