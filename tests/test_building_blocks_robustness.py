@@ -120,11 +120,13 @@ def test_poisson_predictive_log_density_of_an_overflowing_rate_is_minus_inf():
 
 
 def _run_isolated(code, timeout=60):
-    """Run `code` in a fresh interpreter (with this session's pygpfast): a hang fails the test."""
+    """Run `code` in a fresh interpreter (with this session's pygpfast): a hang fails the test.
+    It runs in the directory that holds that pygpfast, since `-c` puts the working directory
+    first on sys.path (in a checkout with an installed package, the sources have no _core)."""
     package_root = os.path.dirname(os.path.dirname(pygpfast.__file__))
     env = dict(os.environ, PYTHONPATH=package_root)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=package_root,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_cholesky_of_a_tiny_singular_matrix_ends():
