@@ -350,7 +350,12 @@ class LLPBound:
         """Evaluate B at x (array_like, any shape); at a breakpoint the right piece applies."""
         x = np.asarray(x, dtype=np.float64)
         r = np.searchsorted(self.knots[1:-1], x, side="right")
-        return (self.a[r] * x + self.b[r]) * x + self.c[r]
+        a, b = self.a[r], self.b[r]
+        # Terms with a zero coefficient are left out, not multiplied: at x = -inf or +inf the
+        # end pieces (c, and x + c) give c and inf, not 0 * inf = NaN.
+        with np.errstate(invalid="ignore"):
+            ax = np.where(a == 0.0, 0.0, a * x)
+            return np.where((a == 0.0) & (b == 0.0), 0.0, (ax + b) * x) + self.c[r]
 
 
 def _check_request(n_pieces, kind):

@@ -221,3 +221,15 @@ def test_expected_llp_bound_at_huge_means_is_finite():
     np.testing.assert_array_equal(dm, [1.0, 0.0, 1.0, 0.0])
     np.testing.assert_array_equal(dv, 0.0)
 
+
+
+@pytest.mark.parametrize("kind", ["quadratic", "linear"])
+def test_llp_bound_at_infinity_is_its_limit(kind):
+    # The end pieces are c (a = b = 0) and x + c (a = 0): 0 * inf made both NaN, with a
+    # RuntimeWarning. The limits of B(x) >= log(1 + e^x) are c[0] and inf.
+    bound = piecewise.llp_bound(20, kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = bound(np.array([-np.inf, np.inf, 0.0]))
+    np.testing.assert_array_equal(out[:2], [bound.c[0], np.inf])
+    assert out[2] == pytest.approx(np.log(2.0), abs=bound.max_error)
