@@ -5,12 +5,14 @@ finite differences, the var -> 0 limit, extreme inputs, bad input and thread cou
 import copy
 import itertools
 import pickle
+import warnings
 
 import numpy as np
 import pytest
 from scipy.special import logsumexp, softmax
 
 import pygpfast
+from pygpfast import NumericalWarning
 from pygpfast.likelihoods import Bernoulli, Softmax
 
 # The rule's constants (csrc/src/softmax.cpp).
@@ -239,18 +241,36 @@ def test_predictions_sum_to_one_and_stay_finite_in_extremes():
     var = np.array([[0.5, 0.5, 1e-14], [1.0, 1.0, 1.0], [1e4, 1e4, 1e4], [0.0, 50.0, 2.0]])
     y = np.array([1.0, 2.0, 0.0, 1.0])
     lik = Softmax(3)
-    proba = lik.predict_proba(mu, var)
+    with pytest.warns(NumericalWarning, match="latent variances up to 1e\\+04"):
+        proba = lik.predict_proba(mu, var)
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-14)
     np.testing.assert_allclose(proba[1], 1 / 3, rtol=1e-8)
     np.testing.assert_allclose(proba[2], 1 / 3, rtol=1e-8)
-    log_density = lik.predict_log_density(y, mu, var)
+    with pytest.warns(NumericalWarning):
+        log_density = lik.predict_log_density(y, mu, var)
     assert np.all(np.isfinite(log_density))
     # Class 1 of point 0 lies 805 below class 2: log p ~ -805 + var/2, where exp underflows.
     np.testing.assert_allclose(log_density[0], -805.0 + 0.25, atol=0.01)
-    value, d_mu, d_var = lik.variational_expectations(y, mu, var)
+    with pytest.warns(NumericalWarning):
+        value, d_mu, d_var = lik.variational_expectations(y, mu, var)
     assert np.all(np.isfinite(value)) and np.all(np.isfinite(d_mu)) and np.all(np.isfinite(d_var))
     assert np.all(value <= 0) and np.all(d_var <= 1e-12)  # E[log softmax] <= 0, concave in f
     assert value[0] < -800
+
+
+def test_warns_beyond_the_variances_it_is_accurate_at():
+    # Against Monte Carlo the rule errs by 2.5e-3 at variance 30 and 1e-2 at 100 (softmax.hpp);
+    # at 1e4 its value is wrong (-248 against -84.6 for mu = 0): say so past 30.
+    lik = Softmax(3)
+    mu, y = np.zeros((2, 3)), np.zeros(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lik.variational_expectations(y, mu, np.full((2, 3), 30.0))
+    for method in (lik.predict_proba, lik.predict_mean_and_var):
+        with pytest.warns(NumericalWarning, match="variances up to 40"):
+            method(mu, np.array([[1.0, 1.0, 1.0], [1.0, 40.0, 1.0]]))
+    with pytest.warns(NumericalWarning, match="variances up to 100"):
+        lik.variational_expectations(y, mu, np.full((2, 3), 100.0))
 
 
 def test_variances_of_predictions():
