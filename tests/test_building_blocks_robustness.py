@@ -222,7 +222,6 @@ def test_expected_llp_bound_at_huge_means_is_finite():
     np.testing.assert_array_equal(dv, 0.0)
 
 
-
 @pytest.mark.parametrize("kind", ["quadratic", "linear"])
 def test_llp_bound_at_infinity_is_its_limit(kind):
     # The end pieces are c (a = b = 0) and x + c (a = 0): 0 * inf made both NaN, with a
