@@ -379,23 +379,7 @@ class _SVGPEstimator(BaseEstimator):
                 ConvergenceWarning,
                 stacklevel=2,
             )
-        self._check_softmax_variances(X)
         return self
-
-    def _check_softmax_variances(self, X):
-        """Warn when the latent variances of a softmax model on (the first 1000 of) its
-        training rows leave the range where the softmax expectations behind the ELBO are
-        accurate (likelihoods.Softmax; the core's ELBO does not check)."""
-        if not isinstance(self.likelihood_, _likelihoods.Softmax):
-            return
-        _, var = self._latent(X[:1000])
-        limit = _likelihoods._SOFTMAX_ACCURATE_VARIANCE
-        if var.size and np.max(var) > limit:
-            warnings.warn(
-                f"the fitted latent variances reach {np.max(var):.3g} on the training rows: "
-                f"beyond ~{limit:g} the softmax expectations of the ELBO err by 1e-2 and more "
-                "(likelihoods.Softmax); a smaller kernel variance or more inducing points keep "
-                "them smaller", NumericalWarning, stacklevel=3)
 
     def _run_epochs(self, batches, N, B):
         """Epochs of ceil(N / B) minibatch steps until the epoch-mean ELBO per row has not
@@ -482,7 +466,6 @@ class _SVGPEstimator(BaseEstimator):
         self.n_steps_ += steps
         self.elbo_ = elbo
         self._report(self.n_iter_, elbo, rows / max(time.perf_counter() - t0, 1e-12))
-        self._check_softmax_variances(X)
         return self
 
     def _report(self, it, elbo, rows_per_s):

@@ -18,23 +18,27 @@
 // stops above once every integrand is below 1e-12. The same sums give E[softmax_c(f)] =
 // int t E[e^{f_c} e^{-t e^{f_c}}] prod_{d != c} L_d(t) du (with the control variate
 // t E[e^{f_c}] e^{-tA}). Cost per point: C n_gh exps once, then C n_gh exps per grid node,
-// about 25 to 60 nodes for latent variances up to about 10 (more for larger variances: the
-// node range grows with the spread of the rule's nodes; it is capped at 1024 nodes, reached
-// only for variances above about 10^3).
+// about 25 to 60 nodes for latent variances up to 10 (where this rule is used; see below).
 // Accuracy (tests and bench/README.md): the outer rule's floor is about 1e-8 in values and
 // 1e-7 in gradients and probabilities; above it the inner Gauss-Hermite rule's error, set by
 // n_gh and the variances, dominates (with n_gh = 20: 4e-8 at the variances of a model fitted
 // to USPS, up to 12; 2e-5 at those of one fitted to glass, up to 9). It grows with the
 // variance, because exp(-t e^f) is a step of width ~1 in f that the rule's nodes, ~sqrt(var)
-// apart, do not resolve: against Monte Carlo (4e6 draws, C = 3, mu = (0, 5, -5), equal
-// variances, n_gh = 20) the errors in d/dmu and the class probabilities are 1e-4 at var = 10,
-// 2.5e-3 at 30, 9e-3 at 100, 1.4e-2 at 300 and 3.6e-2 at 1000, and the value is off by 0.09 at
-// 1000; at 10^4 the grid's node cap is reached and the value is wrong (-248 against -84.6 for
-// mu = 0). Latent variances beyond ~30 need a different inner rule (by the Gumbel form
-// L_c(t) = P(W - f_c > log t), W standard Gumbel-min, which is smooth on the scale sqrt(var)).
+// apart, do not resolve: against Monte Carlo (C = 3, mu = (0, 5, -5), equal variances) the
+// errors in d/dmu and the class probabilities were 1e-4 at var = 10, 2.5e-3 at 30 and
+// 3.6e-2 at 1000. A point with a class of variance above 10 (softmax.cpp, kWideVariance)
+// therefore takes that class's L_c(t) in its Gumbel form, P(W - f_c > log t) =
+// E_W[Phi((W - log t - m_c) / s_c)] with W standard Gumbel-min, smooth in W on the scale s_c
+// and integrated by a 20-point Gauss rule for W's density (1e-13 from s_c = 3 on), the other
+// classes by Gauss-Hermite as before, on a grid that reaches 8.5 s_c beyond every class and
+// has no lower-tail formula. Its errors are at the outer rule's floor at any variance (Monte
+// Carlo agrees within its standard error from var = 10 to 10^4); the switch at 10 moves the
+// value by ~2e-5 and d/dmu by ~1e-4, the Gauss-Hermite rule's own error there. Such a point
+// costs 10 times one below 10 at var = 12 and 150 times at 1000 (an erfc per Gumbel node;
+// the grid grows with sqrt(var)).
 // The derivatives are those of the computed value (reparameterisation through the same nodes;
 // Price's form E[g'']/2 for the variance derivative of a class with var < 1e-10), so
-// optimisers see one smooth, deterministic objective.
+// optimisers see one deterministic objective, smooth apart from the switch at var = 10.
 #pragma once
 
 #include "pygpfast/view.hpp"
