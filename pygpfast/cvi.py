@@ -586,17 +586,17 @@ class _VGPEstimator(BaseEstimator):
         that: at the optimum it gains nothing.
         """
         codes, params = hyper.kernel._spec(X.shape[1])
-        K = _core.cvi_prior_covariance(codes, params, X, self.jitter)
-        step = infer(K, t, hyper.local_bound, mean=hyper.mean, alpha=alpha,
-                     lambda_=np.maximum(lam, 0.0), max_iter=1, tol=self.tol,
-                     block_size=self.block_size)
-        gap = step.bound - bound
+        step, *_ = _core.cvi_fit_step(
+            codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter,
+            alpha, np.maximum(lam, 0.0), 1, self.tol, self.block_size, _MAX_NEWTON,
+            np.sqrt(self.tol), False, False)
+        gap = step["bound"] - bound
         # (L-BFGS-B's ftol bounds one step's relative gain, not the distance to the optimum,
         # which stays well above tol on any run: hence sqrt(tol), 1e-4 for the default.)
         if gap > np.sqrt(self.tol) * max(1.0, abs(bound)):
             warnings.warn(
                 f"opper-archambeau inference stopped {gap:.3g} below the optimum of the bound "
-                f"({bound:.6g}; one fixed-point iteration from it reaches {step.bound:.6g}): "
+                f"({bound:.6g}; one fixed-point iteration from it reaches {step['bound']:.6g}): "
                 "its parameterisation is ill-conditioned for this kernel; use "
                 "method='fixed-point'", ConvergenceWarning, stacklevel=4)
 

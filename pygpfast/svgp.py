@@ -206,7 +206,6 @@ def _default_kernel(X, random_state, variance=1.0):
     return _kernels.RBF(variance=variance, lengthscale=spread * np.sqrt(D))
 
 
-
 def _check_auto_or_positive(value, name, upper=None):
     if isinstance(value, str) and value == "auto":
         return

@@ -190,92 +190,105 @@ bool is_wide(int C, const double* var) {
   return false;
 }
 
-// One class's L(t), dL/dm and dL/dvar at u = log t, for f ~ N(m, var): by the Gumbel rule
-// when var > kWideVariance, else by the Gauss-Hermite rule (as class_sums).
+// A wide class's L(t), dL/dm and dL/dvar at u = log t, f ~ N(m, var), by the Gumbel rule.
 struct ClassTerms {
   double l, dm, dvar;
 };
 
-ClassTerms wide_class_terms(const NormalRule& rule, double u, double m, double var) {
+ClassTerms gumbel_terms(double u, double m, double var) {
+  constexpr double kInvSqrt2 = 0.70710678118654752440, kInvSqrt2Pi = 0.39894228040143267794;
+  const double s = std::sqrt(var), inv_s = 1.0 / s;
   double l = 0.0, dm = 0.0, dv = 0.0;
-  if (var > kWideVariance) {
-    constexpr double kInvSqrt2 = 0.70710678118654752440, kInvSqrt2Pi = 0.39894228040143267794;
-    const double s = std::sqrt(var), inv_s = 1.0 / s;
-    for (int j = 0; j < kGumbelPoints; ++j) {
-      const double zeta = (kGumbelNode[j] - u - m) * inv_s;
-      if (zeta > kPhiSaturates) {  // Phi = 1 and phi = 0 to within 1e-17
-        l += kGumbelWeight[j];
-        continue;
-      }
-      if (zeta < -kPhiSaturates) continue;
-      const double wphi = kGumbelWeight[j] * kInvSqrt2Pi * std::exp(-0.5 * zeta * zeta);
-      l += kGumbelWeight[j] * 0.5 * std::erfc(-zeta * kInvSqrt2);
-      dm -= wphi;
-      dv -= wphi * zeta;
+  for (int j = 0; j < kGumbelPoints; ++j) {
+    const double zeta = (kGumbelNode[j] - u - m) * inv_s;
+    if (zeta > kPhiSaturates) {  // Phi = 1 and phi = 0 to within 1e-17
+      l += kGumbelWeight[j];
+      continue;
     }
-    return {l, dm * inv_s, dv * 0.5 / var};
+    if (zeta < -kPhiSaturates) continue;
+    const double wphi = kGumbelWeight[j] * kInvSqrt2Pi * std::exp(-0.5 * zeta * zeta);
+    l += kGumbelWeight[j] * 0.5 * std::erfc(-zeta * kInvSqrt2);
+    dm -= wphi;
+    dv -= wphi * zeta;
   }
-  const double t = std::exp(u), s = std::sqrt(var);
-  const bool price = var < kPriceVariance;
-  for (int k = 0; k < rule.size(); ++k) {
-    const double e = std::exp(m + s * rule.z[k]), te = t * e, q = std::exp(-te);
-    l += rule.w[k] * q;
-    dm -= rule.w[k] * te * q;
-    dv += rule.w[k] * (price ? 0.5 * te * (te - 1.0) : -te * rule.z[k]) * q;
-  }
-  return {l, dm, price ? dv : dv * 0.5 / s};
+  return {l, dm * inv_s, dv * 0.5 / var};
 }
 
 // E[lse(f)] = shift + int (e^{-t} - prod_c L_c(t)) du (Frullani's integral with A = 1, in
 // units of e^shift), by the trapezoidal rule with step kStep on the wide grid; shift is a
-// multiple of kStep near max_c mu_c, so the grid moves onto itself with it. With `dmu` and
-// `dvar`, the sums of -dP/dmu_c and -dP/dvar_c, i.e. dV/dmu_c (= E[softmax_c]) and dV/dvar_c.
+// multiple of kStep near max_c mu_c, so the grid moves onto itself with it. Wide classes take
+// L_c by gumbel_terms, the others by the Gauss-Hermite sums of class_sums. Also the sums of
+// -dP/dmu_c and (when dvar is not null) -dP/dvar_c: dV/dmu_c (= E[softmax_c]) and dV/dvar_c.
 double wide_point(const NormalRule& rule, int C, const double* mu, const double* var, double* dmu,
                   double* dvar, double* work) {
+  const int K = rule.size();
+  const double* z = rule.z.data();
+  const double* w = rule.w.data();
   double top = -std::numeric_limits<double>::infinity();
   for (int ci = 0; ci < C; ++ci) top = std::max(top, mu[ci]);
   const double shift = kStep * std::floor(top / kStep);
-  double* m = work;             // [C] mu_c - shift
-  double* L = m + C;            // [C]
-  double* dL_m = L + C;         // [C]
-  double* dL_v = dL_m + C;      // [C]
-  double* prefix = dL_v + C;    // [C]
+  double* m = work;              // [C] mu_c - shift
+  double* L = m + C;             // [C]
+  double* dL_m = L + C;          // [C]
+  double* dL_v = dL_m + C;       // [C]
+  double* prefix = dL_v + C;     // [C]
+  double* e = prefix + C;        // [C, K] the Gauss-Hermite classes' e^{f - shift} at the nodes
+  double* we = e + C * K;        // [C, K] w e
+  double* wze = we + C * K;      // [C, K] w z e
   double lo = -kWideMargin, hi = std::numeric_limits<double>::infinity();
   for (int ci = 0; ci < C; ++ci) {
     m[ci] = mu[ci] - shift;
-    const double reach = kWideReach * std::sqrt(var[ci]);
+    const double s = std::sqrt(var[ci]), reach = kWideReach * s;
     lo = std::min(lo, -kWideMargin - m[ci] - reach);
     hi = std::min(hi, -m[ci] + reach + 5.0);
+    if (var[ci] > kWideVariance) continue;
+    for (int k = 0; k < K; ++k) {
+      e[ci * K + k] = vmath::exp(m[ci] + s * z[k]);
+      we[ci * K + k] = w[k] * e[ci * K + k];
+      wze[ci * K + k] = z[k] * we[ci * K + k];
+    }
   }
   hi = std::max(hi, 4.0);
   const int j_lo = static_cast<int>(std::floor(lo / kStep));
   const int j_hi = std::min(static_cast<int>(std::ceil(hi / kStep)), j_lo + kMaxWideNodes);
   std::fill(dmu, dmu + C, 0.0);
-  std::fill(dvar, dvar + C, 0.0);
+  if (dvar != nullptr) std::fill(dvar, dvar + C, 0.0);
   double vsum = 0.0;
   for (int j = j_lo; j <= j_hi; ++j) {
-    const double u = j * kStep;
+    const double u = j * kStep, t = std::exp(u);
     double P = 1.0;
     for (int ci = 0; ci < C; ++ci) {
-      const ClassTerms c = wide_class_terms(rule, u, m[ci], var[ci]);
-      L[ci] = c.l;
-      dL_m[ci] = c.dm;
-      dL_v[ci] = c.dvar;
+      if (var[ci] > kWideVariance) {
+        const ClassTerms c = gumbel_terms(u, m[ci], var[ci]);
+        L[ci] = c.l;
+        dL_m[ci] = c.dm;
+        dL_v[ci] = c.dvar;
+      } else if (var[ci] < kPriceVariance) {  // dL/dvar = E[d2/df2 exp(-t e^f)] / 2
+        const ClassSums c = class_sums<true>(t, e + ci * K, w, we + ci * K, wze + ci * K, K);
+        L[ci] = c.l;
+        dL_m[ci] = -t * c.m;
+        dL_v[ci] = 0.5 * c.n;
+      } else {
+        const ClassSums c = class_sums<false>(t, e + ci * K, w, we + ci * K, wze + ci * K, K);
+        L[ci] = c.l;
+        dL_m[ci] = -t * c.m;
+        dL_v[ci] = -0.5 * t * c.n / std::sqrt(var[ci]);
+      }
       prefix[ci] = P;
-      P *= c.l;
+      P *= L[ci];
     }
-    vsum += std::exp(-std::exp(u)) - P;
+    vsum += std::exp(-t) - P;
     double suffix = 1.0;
     for (int ci = C - 1; ci >= 0; --ci) {
       const double others = prefix[ci] * suffix;
       suffix *= L[ci];
       dmu[ci] -= dL_m[ci] * others;
-      dvar[ci] -= dL_v[ci] * others;
+      if (dvar != nullptr) dvar[ci] -= dL_v[ci] * others;
     }
   }
   for (int ci = 0; ci < C; ++ci) {
     dmu[ci] *= kStep;
-    dvar[ci] *= kStep;
+    if (dvar != nullptr) dvar[ci] *= kStep;
   }
   return shift + kStep * vsum;
 }
@@ -397,8 +410,7 @@ PYGPFAST_SIMD_CLONES void expectation_point(const NormalRule& rule, int C, int y
 PYGPFAST_SIMD_CLONES void log_probabilities_point(const NormalRule& rule, int C, const double* mu,
                                                   const double* var, double* log_prob, double* work) {
   if (is_wide(C, var)) {  // E[softmax_c] = dE[lse]/dmu_c, normalised in log space
-    double* dvar = work + 5 * C;
-    wide_point(rule, C, mu, var, log_prob, dvar, work);
+    wide_point(rule, C, mu, var, log_prob, nullptr, work);
     double total = 0.0;
     for (int ci = 0; ci < C; ++ci) total += log_prob[ci];
     for (int ci = 0; ci < C; ++ci)
