@@ -12,6 +12,7 @@
 #include "pygpfast/errors.hpp"
 #include "pygpfast/linalg.hpp"
 #include "pygpfast/threads.hpp"
+#include "pygpfast/workspace.hpp"
 
 namespace pygpfast::cvi {
 namespace {
@@ -22,7 +23,7 @@ using blas::Trans;
 using blas::Uplo;
 using linalg::fixed_order_sum;
 using linalg::mirror_lower;
-using Buffer = std::vector<double>;
+using workspace::Buffer;
 using Clock = std::chrono::steady_clock;
 
 // The sweeps' rank-b updates of V (Inference::add_lower_update): column panels of N / 8

@@ -15,6 +15,7 @@
 #include "pygpfast/linalg.hpp"
 #include "pygpfast/threads.hpp"
 #include "pygpfast/vmath.hpp"
+#include "pygpfast/workspace.hpp"
 
 namespace pygpfast::kernels {
 namespace {
@@ -75,12 +76,11 @@ double vector_sum(const double* v, index_t n) {
 // Owning row-major buffer for intermediates. Left uninitialised: every user overwrites it.
 class Matrix {
  public:
-  Matrix(index_t rows, index_t cols)
-      : data_(new double[static_cast<std::size_t>(rows * cols)]), rows_(rows), cols_(cols) {}
-  MatrixView view() const { return MatrixView(data_.get(), rows_, cols_); }
+  Matrix(index_t rows, index_t cols) : data_(rows * cols), rows_(rows), cols_(cols) {}
+  MatrixView view() const { return MatrixView(data_.data(), rows_, cols_); }
 
  private:
-  std::unique_ptr<double[]> data_;
+  workspace::Scratch data_;
   index_t rows_, cols_;
 };
 

@@ -9,6 +9,7 @@
 #include "pygpfast/blas.hpp"
 #include "pygpfast/errors.hpp"
 #include "pygpfast/threads.hpp"
+#include "pygpfast/workspace.hpp"
 
 namespace pygpfast::linalg {
 
@@ -170,7 +171,7 @@ namespace {
 // One diagonal block of cholesky_reverse: Dbar (lower triangle read) becomes the lower-only
 // gradient with respect to D0 = D D^T: the symmetric L^-T sym(Phi(D^T Dbar)) L^-1 (Murray's
 // eq. 10, 3 w^3 flops in triangular BLAS-3) folded onto the lower triangle.
-void cholesky_reverse_block(ConstMatrixView D, MatrixView Dbar, std::vector<double>& work) {
+void cholesky_reverse_block(ConstMatrixView D, MatrixView Dbar, workspace::Buffer& work) {
   using namespace blas;
   const index_t w = D.rows;
   work.resize(static_cast<std::size_t>(w * w));
@@ -202,8 +203,8 @@ void cholesky_reverse_block(ConstMatrixView D, MatrixView Dbar, std::vector<doub
 // gradient (entries below the diagonal twice their symmetric value) in G's lower triangle.
 constexpr index_t kOuterBlock = 64, kInnerBlock = 16;
 
-void cholesky_reverse_pass(ConstMatrixView L, MatrixView G, index_t nb, std::vector<double>& work,
-                           std::vector<double>& S) {
+void cholesky_reverse_pass(ConstMatrixView L, MatrixView G, index_t nb, workspace::Buffer& work,
+                           workspace::Buffer& S) {
   using namespace blas;
   const index_t M = L.rows;
   for (index_t j = ((M - 1) / nb) * nb; j >= 0; j -= nb) {
@@ -243,7 +244,7 @@ void cholesky_reverse(ConstMatrixView L, MatrixView G) {
   const index_t M = L.rows;
   require(L.cols == M && G.rows == M && G.cols == M, "cholesky_reverse: L and Lbar must be [M, M]");
   if (M == 0) return;
-  std::vector<double> work, S;
+  workspace::Buffer work, S;
   cholesky_reverse_pass(L, G, kOuterBlock, work, S);
   // Lower-only gradient to the symmetric one: off-diagonal entries are shared by two.
   visit_strict_lower(M, [&](index_t i, index_t j) noexcept { G(j, i) = G(i, j) *= 0.5; });

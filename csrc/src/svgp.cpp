@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
-#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -13,6 +12,7 @@
 #include "pygpfast/errors.hpp"
 #include "pygpfast/linalg.hpp"
 #include "pygpfast/threads.hpp"
+#include "pygpfast/workspace.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -29,26 +29,8 @@ using linalg::fixed_order_sum;
 using linalg::mirror_lower;
 using linalg::symmetrise;
 
-using Buffer = std::vector<double>;
-
-// Uninitialised scratch: large [M, B] blocks are written in full before they are read, so
-// they skip std::vector's zero-fill pass.
-class Scratch {
- public:
-  Scratch() = default;
-  explicit Scratch(index_t n) { resize(n); }
-  void resize(index_t n) {
-    if (n > size_) {
-      p_.reset(new double[static_cast<std::size_t>(n)]);
-      size_ = n;
-    }
-  }
-  double* data() const { return p_.get(); }
-
- private:
-  std::unique_ptr<double[]> p_;
-  index_t size_ = 0;
-};
+using workspace::Buffer;
+using workspace::Scratch;
 
 void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatrixView X) {
   const index_t M = q.Z.rows, L = q.num_latent();

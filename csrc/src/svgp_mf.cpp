@@ -9,6 +9,7 @@
 #include "pygpfast/errors.hpp"
 #include "pygpfast/linalg.hpp"
 #include "pygpfast/threads.hpp"
+#include "pygpfast/workspace.hpp"
 
 namespace pygpfast::svgp_mf {
 namespace {
@@ -18,7 +19,7 @@ using blas::Side;
 using blas::Trans;
 using blas::Uplo;
 
-using Buffer = std::vector<double>;
+using workspace::Buffer;
 
 constexpr double kLogSqrt2Pi = 0.91893853320467274178;  // log(sqrt(2 pi))
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
