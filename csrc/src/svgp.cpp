@@ -51,12 +51,12 @@ void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatr
 // Lz with Lz Lz^T = K(Z, Z) + jitter I, and K(Z, Z) itself in `Kzz` when not null. Returns the
 // extra jitter escalation needed.
 double inducing_cholesky(const kernels::Kernel& kernel, ConstMatrixView Z, double jitter,
-                         Buffer& Lz, Buffer* Kzz = nullptr) {
+                         Scratch& Lz, Buffer* Kzz = nullptr) {
   const index_t M = Z.rows;
-  Lz.resize(static_cast<std::size_t>(M * M));
+  Lz.resize(M * M);
   MatrixView L(Lz.data(), M, M);
   kernel.K(Z, Z, true, L);
-  if (Kzz != nullptr) *Kzz = Lz;
+  if (Kzz != nullptr) Kzz->assign(Lz.data(), Lz.data() + M * M);
   for (index_t i = 0; i < M; ++i) L(i, i) += jitter;
   return linalg::cholesky_jitter(L).jitter;
 }
@@ -68,10 +68,14 @@ void whitened_parameters(const Variational& q, ConstMatrixView Lz, Buffer& mw, B
   mw.resize(static_cast<std::size_t>(M * L));
   for (index_t i = 0; i < M; ++i)
     for (index_t l = 0; l < L; ++l) mw[i * L + l] = q.q_mu(i, l);
-  Lw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+  Lw.resize(static_cast<std::size_t>(L * M * M));
   for (index_t l = 0; l < L; ++l)
-    for (index_t i = 0; i < M; ++i)
-      for (index_t j = 0; j <= i; ++j) Lw[(l * M + i) * M + j] = q.q_sqrt[(l * M + i) * M + j];
+    for (index_t i = 0; i < M; ++i) {
+      const double* from = q.q_sqrt + (l * M + i) * M;
+      double* to = Lw.data() + (l * M + i) * M;
+      std::copy(from, from + i + 1, to);
+      std::fill(to + i + 1, to + M, 0.0);
+    }
   if (!q.whiten) {
     blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Lz, MatrixView(mw.data(), M, L));
     for (index_t l = 0; l < L; ++l)
@@ -118,10 +122,11 @@ void zero_strict_upper(MatrixView A) {
   for (index_t i = 0; i < A.rows; ++i) std::fill(A.row(i) + i + 1, A.row(i) + A.cols, 0.0);
 }
 
-void add_to(Buffer& into, const Buffer& from) {
+// into += from; an empty `into` takes `from`'s array (leaving `from` empty).
+void add_to(Buffer& into, Buffer& from) {
   if (from.empty()) return;
   if (into.empty()) {
-    into = from;
+    into.swap(from);
     return;
   }
   for (std::size_t i = 0; i < into.size(); ++i) into[i] += from[i];
@@ -136,7 +141,8 @@ void latent_column(const double* a, index_t n, index_t L, index_t l, double* out
 
 struct Shared {
   index_t M = 0, L = 0;
-  Buffer Lz, Kzz, mw, Lw;
+  Scratch Lz;
+  Buffer Kzz, mw, Lw;
   // Path::Precomputed: Y = Lz^-1, Sigma_l = W_l W_l^T - Y^T Y (full) with W_l = Y^T L_w,l, and
   // beta = Y^T m_w.
   bool precomputed = false;
@@ -148,20 +154,22 @@ struct Shared {
 
   void prepare_precomputed() {
     precomputed = true;
-    Y.assign(static_cast<std::size_t>(M * M), 0.0);
+    Y.resize(static_cast<std::size_t>(M * M));
     const MatrixView YV(Y.data(), M, M);
-    for (index_t i = 0; i < M; ++i)
-      for (index_t j = 0; j <= i; ++j) YV(i, j) = Lz[i * M + j];
+    for (index_t i = 0; i < M; ++i) {
+      std::copy(Lz.data() + i * M, Lz.data() + i * M + i + 1, YV.row(i));
+      std::fill(YV.row(i) + i + 1, YV.row(i) + M, 0.0);
+    }
     if (blas::trtri_lower(YV) != 0)  // (Lz has a positive diagonal: cannot happen)
       throw LinAlgError("trtri", 1, "the Cholesky factor of Kzz is singular");
     Buffer Q(Y);
     const MatrixView QV(Q.data(), M, M);
     blas::lauum_lower(QV);  // Y^T Y (lower triangle)
-    Buffer W(static_cast<std::size_t>(M * M));
+    Scratch W(M * M);
     Sigma.resize(static_cast<std::size_t>(L * M * M));
     for (index_t l = 0; l < L; ++l) {
       const MatrixView Wl(W.data(), M, M), Sl(Sigma.data() + l * M * M, M, M);
-      std::copy(Lw.data() + l * M * M, Lw.data() + (l + 1) * M * M, Wl.data);
+      std::copy(Lw.data() + l * M * M, Lw.data() + (l + 1) * M * M, W.data());
       blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, YV, Wl);
       blas::syrk(Uplo::Lower, Trans::No, 1.0, Wl, 0.0, Sl);
       for (index_t i = 0; i < M; ++i)
@@ -192,7 +200,8 @@ struct Partials {
     any_solve = false;
   }
 
-  void add(const Partials& o) {
+  // Adds o into this; buffers this does not have yet are taken from o (o keeps the others).
+  void add(Partials& o) {
     add_to(dmw, o.dmw);
     add_to(dLw, o.dLw);
     add_to(dSw, o.dSw);
@@ -481,21 +490,21 @@ void precomputed_to_whitened(const Shared& sh, const Wants& wants, Partials& p) 
   for (index_t i = 0; i < M * L; ++i) p.dmw[i] += Ydbeta[i];
   gemm_nt_lower(-1.0, ConstMatrixView(sh.beta.data(), M, L), YdbetaV, 1.0, dLz);
 
-  Buffer X(static_cast<std::size_t>(M * M)), dS(static_cast<std::size_t>(M * M));
+  Scratch X(M * M), dS(M * M);
   const MatrixView XV(X.data(), M, M), dSV(dS.data(), M, M);
   for (index_t l = 0; l < L; ++l) {
-    std::copy(p.dSigma.data() + l * M * M, p.dSigma.data() + (l + 1) * M * M, X.begin());
+    std::copy(p.dSigma.data() + l * M * M, p.dSigma.data() + (l + 1) * M * M, X.data());
     blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, XV);
     gemm_nt_lower(-2.0, sh.Sigma_of(l), XV, 1.0, dLz);
     if (!wants.dSw && !wants.dLw) continue;
-    std::copy(X.begin(), X.end(), dS.begin());
+    std::copy(X.data(), X.data() + M * M, dS.data());
     blas::trmm(Side::Right, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Y, dSV);
     // Symmetrised even when only d/dL_w is wanted, so that every gradient is bitwise the same
     // whichever outputs are asked for (natural or plain, tested).
     symmetrise(dSV);
     if (wants.dSw) {
       double* out = p.dSw.data() + l * M * M;
-      for (index_t i = 0; i < M * M; ++i) out[i] += dS[i];
+      for (index_t i = 0; i < M * M; ++i) out[i] += dSV.data[i];
     }
     if (wants.dLw) {
       blas::trmm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 2.0, sh.Lw_of(l), dSV);
@@ -722,7 +731,7 @@ double predict_f(const kernels::Kernel& kernel, const Variational& q, ConstMatri
   const index_t M = q.Z.rows, T = Xnew.rows, L = q.num_latent();
   require(mean.rows == T && mean.cols == L && var.rows == T && var.cols == L,
           "svgp: predict_f outputs must be [T, L]");
-  Buffer Lz;
+  Scratch Lz;
   const double extra = inducing_cholesky(kernel, q.Z, jitter, Lz);
   ConstMatrixView LzV(Lz.data(), M, M);
   Buffer mw, Lw;
