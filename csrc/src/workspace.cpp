@@ -4,6 +4,10 @@
 #include <mutex>
 #include <vector>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#endif
+
 namespace pygpfast::workspace {
 namespace {
 
@@ -23,10 +27,23 @@ struct Pool {
   std::size_t bytes = 0;
 };
 
+Pool* the_pool = nullptr;
+
 // Never destroyed, so that scratch arrays released during static destruction still find it
-// (the memory it holds goes back to the system with the process).
+// (the memory it holds goes back to the system with the process). A fork() while another
+// thread holds the mutex would leave it locked for good in the child (Python's os.fork and
+// multiprocessing's default start method on Linux can do this while a fit runs in a thread):
+// the fork handlers take the mutex around the fork, so the child gets it unlocked and the
+// list consistent.
 Pool& pool() {
-  static Pool* p = new Pool();
+  static Pool* p = [] {
+    the_pool = new Pool();
+#if defined(__unix__) || defined(__APPLE__)
+    pthread_atfork([] { the_pool->mutex.lock(); }, [] { the_pool->mutex.unlock(); },
+                   [] { the_pool->mutex.unlock(); });
+#endif
+    return the_pool;
+  }();
   return *p;
 }
 

@@ -1,11 +1,17 @@
 // The scratch-memory cache (workspace.hpp): reuse, alignment, its bounds, and use from
 // several threads.
+#include <atomic>
 #include <cstdint>
 #include <thread>
 #include <vector>
 
 #include "check.hpp"
 #include "pygpfast/workspace.hpp"
+
+#if defined(__unix__)
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 using namespace pygpfast;
 
@@ -85,3 +91,35 @@ PYGPFAST_TEST(buffers_and_scratch_from_several_threads) {
 }
 
 PYGPFAST_TEST_MAIN
+
+#if defined(__unix__)
+// A child forked while another thread is inside the cache can still use it: without the fork
+// handlers some children would find the mutex locked forever (each child gives up after 5 s).
+PYGPFAST_TEST(cache_usable_in_a_child_forked_while_another_thread_uses_it) {
+  workspace::trim();
+  const std::size_t bytes = std::size_t{32} << 10;
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop.load()) workspace::release(workspace::acquire(bytes), bytes);
+  });
+  int stuck = 0, failed = 0;
+  for (int i = 0; i < 200; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      alarm(5);
+      workspace::release(workspace::acquire(bytes), bytes);
+      workspace::trim();
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFSIGNALED(status)) ++stuck;
+    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  stop = true;
+  busy.join();
+  CHECK(stuck == 0);
+  CHECK(failed == 0);
+  workspace::trim();
+}
+#endif
