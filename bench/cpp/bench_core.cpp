@@ -4,7 +4,8 @@
 //
 // Prints, per operation, the median wall time, the throughput and (for GEMM-shaped work) the
 // fraction of the float64 GEMM rate measured in the same run. OPENBLAS_NUM_THREADS sets the
-// BLAS pool; the argument sets the core's OpenMP threads (default: OMP_NUM_THREADS or all cores).
+// BLAS pool (an OpenBLAS older than 0.3.27 runs on one thread: blas_linked.hpp); the argument
+// sets the core's OpenMP threads (default: OMP_NUM_THREADS or all cores).
 #include <algorithm>
 #include <chrono>
 #include <cmath>

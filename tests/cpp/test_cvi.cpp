@@ -1,5 +1,6 @@
 // Concave variational inference (seed 004) against closed forms and a dense reference, with a
 // linked system BLAS.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -161,10 +162,16 @@ PYGPFAST_TEST(blocked_and_literal_algorithm_1_agree_and_solve_eqs_7_8) {
   }
   CHECK(res[0].converged && res[1].converged);
   CHECK_NEAR(res[0].bound, res[1].bound, 1e-11 * std::fabs(res[0].bound));
-  // With tol = 0 both run until the bound stops rising in its last digits, which rounding can
-  // make one iteration apart (measured: 11 and 10 records); the iterates agree up to there.
+  // With tol = 0 both run until the bound stops rising in its last digits, which rounding
+  // (the BLAS, its thread count) can put a few iterations apart (measured: 11 and 10 records
+  // with two BLAS threads, 14 and 12 with one): the iterates agree up to the shorter run's
+  // end, and the longer run's extra records move the bound by rounding only.
   const std::size_t n0 = res[0].history.size(), n1 = res[1].history.size();
-  CHECK(n0 >= 3 && n1 >= 3 && (n0 > n1 ? n0 - n1 : n1 - n0) <= 1);
+  CHECK(n0 >= 3 && n1 >= 3);
+  const auto& longer = n0 > n1 ? res[0].history : res[1].history;
+  const std::size_t common = std::min(n0, n1);
+  for (std::size_t i = common; i < longer.size(); ++i)
+    CHECK_NEAR(longer[i].bound, longer[common - 1].bound, 1e-12 * std::fabs(res[0].bound));
   for (std::size_t i = 0; i < res[0].history.size() && i < res[1].history.size(); ++i)
     CHECK_NEAR(res[0].history[i].bound, res[1].history[i].bound, 1e-10);
   for (std::size_t i = 1; i < res[1].history.size(); ++i)
