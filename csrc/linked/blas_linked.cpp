@@ -55,7 +55,11 @@ void install_linked_blas() {
   // Without the per-thread setting, BLAS calls made by the core's OpenMP threads each start
   // the whole BLAS thread pool (an SVGP step at M = 256, B = 256 with two OpenMP threads and
   // Debian's OpenBLAS 0.3.21: 52 ms instead of 5.2 ms); BLAS runs on one thread instead.
-  if (t.set_num_threads_local == nullptr && openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
+  // Its per-thread setting is then a no-op that reports one thread.
+  if (t.set_num_threads_local == nullptr && openblas_set_num_threads != nullptr) {
+    openblas_set_num_threads(1);
+    t.set_num_threads_local = [](int) { return 1; };
+  }
   set_table(t);
 }
 

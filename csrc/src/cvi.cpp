@@ -392,7 +392,7 @@ class Inference {
       diagonal(0, N);
       return;
     }
-    [[maybe_unused]] const int nt = threads_for(panels, 1);
+    [[maybe_unused]] const int nt = threads_for_blas_calls(panels, 1);
     for (index_t t = 0; t < k; ++t)
       for (index_t p = 0; p < N; ++p) W[t * N + p] = s[t] * U[t * N + p];
     auto panel = [&](index_t q) {

@@ -569,7 +569,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
       one_thread ? B : std::max(kMinBlockColumns, (B + kBlocksPerEvaluation - 1) / kBlocksPerEvaluation);
   const index_t nb = std::max<index_t>(1, std::min(nb_wanted, kMaxBlockEntries / std::max<index_t>(M * L, 1)));
   const index_t blocks = (B + nb - 1) / nb;
-  const int threads = one_thread ? 1 : threads_for(blocks, 1);
+  const int threads = one_thread ? 1 : threads_for_blas_calls(blocks, 1);
   // The O(M^3) parts: BLAS threads only for large M.
   const SingleThreadScope serial_scope(one_thread || M < kThreadedM);
 

@@ -49,6 +49,11 @@ int threads_for(index_t items, index_t min_per_thread) {
   return static_cast<int>(std::max<index_t>(1, std::min<index_t>(n, useful)));
 }
 
+int threads_for_blas_calls(index_t items, index_t min_per_thread) {
+  if (!blas::has_table() || blas::table().set_num_threads_local == nullptr) return 1;
+  return threads_for(items, min_per_thread);
+}
+
 SingleThreadScope::SingleThreadScope(bool active) : active_(active) {
   if (!active_) return;
   ++single_thread_depth;

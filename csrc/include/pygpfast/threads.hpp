@@ -21,6 +21,12 @@ void set_num_threads(int n);
 // least `min_per_thread` of them: 1 for small loops, get_num_threads() for big ones.
 int threads_for(index_t items, index_t min_per_thread);
 
+// The same for a loop whose items call BLAS, each thread inside a SingleThreadScope: 1 when the
+// BLAS has no per-thread setting (OpenBLAS before 0.3.27), since each of several threads would
+// then start the whole BLAS pool on every call; that loop runs on one thread and its BLAS calls
+// use the BLAS's own threads.
+int threads_for_blas_calls(index_t items, index_t min_per_thread);
+
 // True when the core was compiled with OpenMP.
 bool openmp_enabled();
 
