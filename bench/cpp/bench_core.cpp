@@ -163,8 +163,9 @@ int main(int argc, char** argv) {
   // One SVGP ELBO + gradient step, the peers' case (svgp_step.py): D = 8, ARD RBF (lengthscales
   // 2), probit with 20 Gauss-Hermite points, whitened, full lower-triangular q_sqrt. "frac GEMM"
   // uses the peers' nominal flop count (7/3) M^3 + 10 M^2 B + 9 D (M^2 + M B). The last column
-  // empties the scratch cache (workspace.hpp) before every step, as if each step's scratch came
-  // fresh from malloc.
+  // empties the scratch cache (workspace.hpp) before every step, so each step's scratch comes
+  // from malloc; it differs from the first only when malloc hands out fresh pages (e.g. with
+  // GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072; glibc's default keeps freed blocks here).
   std::printf("\n%-28s %10s %14s %10s %12s\n", "svgp step (D=8, probit)", "ms", "throughput", "frac GEMM",
               "no cache ms");
   for (index_t Ms : {64, 256, 1024}) {

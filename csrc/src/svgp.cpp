@@ -63,12 +63,12 @@ double inducing_cholesky(const kernels::Kernel& kernel, ConstMatrixView Z, doubl
 
 // Whitened parameters: mw [M, L] and Lw [L, M, M] are (q_mu, tril q_sqrt) when whitened, else
 // (Lz^-1 q_mu, Lz^-1 tril q_sqrt).
-void whitened_parameters(const Variational& q, ConstMatrixView Lz, Buffer& mw, Buffer& Lw) {
+void whitened_parameters(const Variational& q, ConstMatrixView Lz, Buffer& mw, Scratch& Lw) {
   const index_t M = q.Z.rows, L = q.num_latent();
   mw.resize(static_cast<std::size_t>(M * L));
   for (index_t i = 0; i < M; ++i)
     for (index_t l = 0; l < L; ++l) mw[i * L + l] = q.q_mu(i, l);
-  Lw.resize(static_cast<std::size_t>(L * M * M));
+  Lw.resize(L * M * M);
   for (index_t l = 0; l < L; ++l)
     for (index_t i = 0; i < M; ++i) {
       const double* from = q.q_sqrt + (l * M + i) * M;
@@ -141,12 +141,13 @@ void latent_column(const double* a, index_t n, index_t L, index_t l, double* out
 
 struct Shared {
   index_t M = 0, L = 0;
-  Scratch Lz;
-  Buffer Kzz, mw, Lw;
+  Scratch Lz, Lw;
+  Buffer Kzz, mw;
   // Path::Precomputed: Y = Lz^-1, Sigma_l = W_l W_l^T - Y^T Y (full) with W_l = Y^T L_w,l, and
   // beta = Y^T m_w.
   bool precomputed = false;
-  Buffer Y, Sigma, beta;
+  Scratch Y, Sigma;
+  Buffer beta;
 
   ConstMatrixView LzV() const { return ConstMatrixView(Lz.data(), M, M); }
   ConstMatrixView Lw_of(index_t l) const { return ConstMatrixView(Lw.data() + l * M * M, M, M); }
@@ -154,7 +155,7 @@ struct Shared {
 
   void prepare_precomputed() {
     precomputed = true;
-    Y.resize(static_cast<std::size_t>(M * M));
+    Y.resize(M * M);
     const MatrixView YV(Y.data(), M, M);
     for (index_t i = 0; i < M; ++i) {
       std::copy(Lz.data() + i * M, Lz.data() + i * M + i + 1, YV.row(i));
@@ -162,11 +163,12 @@ struct Shared {
     }
     if (blas::trtri_lower(YV) != 0)  // (Lz has a positive diagonal: cannot happen)
       throw LinAlgError("trtri", 1, "the Cholesky factor of Kzz is singular");
-    Buffer Q(Y);
+    Scratch Q(M * M);
+    std::copy(Y.data(), Y.data() + M * M, Q.data());
     const MatrixView QV(Q.data(), M, M);
     blas::lauum_lower(QV);  // Y^T Y (lower triangle)
     Scratch W(M * M);
-    Sigma.resize(static_cast<std::size_t>(L * M * M));
+    Sigma.resize(L * M * M);
     for (index_t l = 0; l < L; ++l) {
       const MatrixView Wl(W.data(), M, M), Sl(Sigma.data() + l * M * M, M, M);
       std::copy(Lw.data() + l * M * M, Lw.data() + (l + 1) * M * M, W.data());
@@ -734,7 +736,8 @@ double predict_f(const kernels::Kernel& kernel, const Variational& q, ConstMatri
   Scratch Lz;
   const double extra = inducing_cholesky(kernel, q.Z, jitter, Lz);
   ConstMatrixView LzV(Lz.data(), M, M);
-  Buffer mw, Lw;
+  Buffer mw;
+  Scratch Lw;
   whitened_parameters(q, LzV, mw, Lw);
   // Chunks of test points bound the memory at 2 M x chunk doubles.
   const index_t chunk = std::max<index_t>(1, std::min<index_t>(T, (1 << 22) / std::max<index_t>(M, 1)));

@@ -90,7 +90,6 @@ PYGPFAST_TEST(buffers_and_scratch_from_several_threads) {
   workspace::trim();
 }
 
-PYGPFAST_TEST_MAIN
 
 #if defined(__unix__)
 // A child forked while another thread is inside the cache can still use it: without the fork
@@ -123,3 +122,5 @@ PYGPFAST_TEST(cache_usable_in_a_child_forked_while_another_thread_uses_it) {
   workspace::trim();
 }
 #endif
+
+PYGPFAST_TEST_MAIN

@@ -3,9 +3,9 @@
 // The estimators call the core thousands of times with the same shapes, and each call needs
 // scratch arrays of O(M^2) and O(M B) doubles. Taken from malloc and freed every call, arrays
 // from 128 KiB up come from fresh mmap'ed (or, after glibc trims its heap, fresh sbrk'ed) pages,
-// which the kernel faults in and zeroes on first touch, every call: measured on one thread with
-// the SVGP step (D = 8, B = 256) in a C++ program, 885 -> 535 us at M = 64 and, at B = 1,
-// 4.0 -> 1.6 ms at M = 256. Arrays released here are kept (up to kCachedBytes in all, each at
+// which the kernel faults in and zeroes on first touch, every call: the SVGP step (D = 8,
+// B = 256, one thread, bench_core with glibc's mmap threshold fixed at 128 KiB) took 0.83 ms
+// at M = 64 and 8.75 ms at M = 256 that way, 0.50 and 6.17 ms with the cache. Arrays released here are kept (up to kCachedBytes in all, each at
 // most kLargestCached) and handed out again to a request of the same size, from any thread.
 // Requests under kSmallestCached go to malloc directly (its own bins serve them well).
 #pragma once
