@@ -47,6 +47,21 @@ def test_stationary_kernels_far_apart_inputs_are_not_nan(cls):
         cls(2.0, 1e155)(X, X2), 2.0 * _stationary_reference(cls, X / 1e155, X2 / 1e155),
         rtol=1e-12, atol=1e-300,
     )
+    # The gradients: pairs infinitely far apart add nothing (their 0 * inf gave NaN in the
+    # lengthscale's gradient and in dX2), pairs at distance 0 add nothing to the lengthscale and
+    # the inputs, so only the pair (0, 1) is left beside the variance's sum of G o K.
+    G = np.ones((3, 4))
+    near = cls(variance=2.0)
+    g_pair = near.grad_params(np.array([[0.0]]), np.array([[1.0]]), np.ones((1, 1)))
+    np.testing.assert_allclose(k.grad_params(X, X2, G),
+                               [k(X, X2).sum() / 2.0, g_pair[1]], rtol=1e-14)
+    dX, dX2 = k.grad_X(X, X2, G), k.grad_X2(X, X2, G)
+    np.testing.assert_array_equal(dX[:2], 0.0)
+    np.testing.assert_allclose(dX[2], near.grad_X(np.array([[0.0]]), np.array([[1.0]]), np.ones((1, 1)))[0],
+                               rtol=1e-14)
+    np.testing.assert_array_equal(dX2[:3], 0.0)
+    np.testing.assert_allclose(dX2[3], near.grad_X2(np.array([[0.0]]), np.array([[1.0]]), np.ones((1, 1)))[0],
+                               rtol=1e-14)
 
 
 @pytest.mark.parametrize("cls", STATIONARY)

@@ -212,6 +212,56 @@ def test_inputs_far_from_origin_keep_accuracy():
     np.testing.assert_allclose(dX2, expected_dX2, rtol=1e-9, atol=1e-12)
 
 
+def ref_slope(code, r2):
+    """df/d(r^2) of each stationary profile f(r^2)."""
+    r = np.sqrt(r2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return {
+            RBF: lambda: -0.5 * np.exp(-r2 / 2),
+            M12: lambda: np.where(r > 0, -0.5 * np.exp(-r) / r, 0.0),
+            M32: lambda: -1.5 * np.exp(-np.sqrt(3) * r),
+            M52: lambda: -(5 / 6) * (1 + np.sqrt(5) * r) * np.exp(-np.sqrt(5) * r),
+        }[code]()
+
+
+@pytest.mark.parametrize("code", STATIONARY)
+@pytest.mark.parametrize("same", [False, True])
+@pytest.mark.parametrize("with_values", [False, True])
+def test_inputs_spread_over_a_million_lengthscales_keep_accuracy(code, same, with_values):
+    # Close pairs of points spread over +-1e6 lengthscales (raw time stamps with a short
+    # lengthscale, say): |a|^2 + |b|^2 - 2 a.b cancelled to errors of 1e-4 in K and 3e-5 in the
+    # gradients; the core now sums (a_d - b_d)^2 directly beyond norms of 1e6. Reference:
+    # direct differences (exact here: each pair lies within a factor 2 of each other).
+    rng = np.random.default_rng(3)
+    base = rng.uniform(-1e6, 1e6, size=(30, 2))
+    X = base + 0.5 * rng.normal(size=base.shape)
+    X2 = None if same else base[:20] + rng.normal(size=(20, 2))
+    Xr = X if same else X2
+    s2, lengthscale = 1.7, np.array([0.7, 1.3])
+    tree = leaf(code, s2, *lengthscale)
+    codes, params = describe(tree)
+    G = rng.normal(size=(X.shape[0], Xr.shape[0]))
+    K = ref_K(tree, X, X2)
+    np.testing.assert_allclose(_core.kernel_K(codes, params, X, X2), K, rtol=1e-8, atol=1e-10)
+
+    diff = (X[:, None, :] - Xr[None, :, :]) / lengthscale  # [N, M, D], scaled
+    W = G * s2 * ref_slope(code, (diff**2).sum(-1))
+    expected = np.concatenate([[np.sum(G * K) / s2],
+                               -2 * np.einsum("ij,ijd->d", W, diff**2) / lengthscale])
+    expected_dX = 2 * np.einsum("ij,ijd->id", W, diff) / lengthscale
+    expected_dX2 = -2 * np.einsum("ij,ijd->jd", W, diff) / lengthscale
+    values = _core.kernel_K(codes, params, X, X2) if with_values else None
+    dparams, dX, dX2 = _core.kernel_K_vjp(codes, params, X, X2, G, True, not same, values)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(dparams, expected, rtol=1e-8, atol=1e-10 * scale)
+    if same:  # one input: both roles' gradients land in dX
+        expected_dX = expected_dX + expected_dX2
+    np.testing.assert_allclose(dX, expected_dX, rtol=1e-8, atol=1e-10 * np.abs(expected_dX).max())
+    if not same:
+        np.testing.assert_allclose(dX2, expected_dX2, rtol=1e-8,
+                                   atol=1e-10 * np.abs(expected_dX2).max())
+
+
 # ---- bad input becomes ValueError, never a crash ----
 
 GOOD_CODES, GOOD_PARAMS = describe(LEAVES["rbf_ard"])

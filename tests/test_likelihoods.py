@@ -178,6 +178,47 @@ def test_extreme_inputs_are_finite(lik):
     assert np.all(np.isfinite(variance[finite]))
 
 
+def probit_curvature_lower_tail(f):
+    """d2 log Phi(f) / df2 for f <= -100, from the asymptotic series of the Mills ratio R:
+    with x = -f and u = 1 / x^2, x R = 1 - u + 3u^2 - 15u^3 + 105u^4 (next term below 1e-17
+    relative), lambda = 1 / R and lambda + f = x (1 - x R) / (x R)."""
+    x = -np.asarray(f, dtype=float)
+    u = 1.0 / x**2
+    xr = 1.0 - u + 3 * u**2 - 15 * u**3 + 105 * u**4
+    c = x * (u - 3 * u**2 + 15 * u**3 - 105 * u**4) / xr
+    return -(x + c) * c
+
+
+@pytest.mark.parametrize("n_gh", [20, 100])
+def test_probit_variance_derivative_far_in_the_tail(n_gh):
+    # Far in the lower tail log Phi(f) ~ -f^2 / 2, so d/dvar ~ -1/2 for every variance. The
+    # x-weighted node sum cancels there (it returned -0.75 at mu = -1e16, var = 1, and -13 at
+    # mu = -1e8, var = 1e-12 through lambda + f), so the core switches to Price's form E[d2] / 2
+    # with the tail's d2 from a continued fraction. Reference: E[d2] / 2 by adaptive quadrature
+    # of an asymptotic series over the standardised variable, on both labels (y = 0 mirrors f).
+    mu, var = np.meshgrid([-1e4, -1e6, -1e8, -1e12, -1e16, -1e50, -1e150],
+                          [0.0, 1e-12, 1e-6, 1.0, 100.0])
+    mu, var = mu.ravel(), var.ravel()
+    lik = Bernoulli("probit", n_gh=n_gh)
+    def half_expected_curvature(m, v):  # E[d2] / 2 over the standardised variable
+        value, _ = integrate.quad(
+            lambda t: probit_curvature_lower_tail(m + np.sqrt(v) * t) * stats.norm.pdf(t),
+            -40, 40, epsabs=1e-15, epsrel=1e-13, limit=200)
+        return 0.5 * value
+
+    reference = np.array([half_expected_curvature(m, v) for m, v in zip(mu, var)])
+    for y, sign in ((1.0, 1.0), (0.0, -1.0)):
+        value, d_mu, d_var = lik.variational_expectations(np.full(mu.size, y), sign * mu, var)
+        assert np.all(np.isfinite(value)) and np.all(np.isfinite(d_mu))
+        np.testing.assert_allclose(d_var, reference, rtol=1e-12)
+    # Between that regime and the ordinary one the derivative stays continuous to rounding:
+    # the switch sits where sqrt(2 var) = 1e-4 |mu|.
+    m = np.array([-1e4, -1e4])
+    v = 0.5 * (1e-4 * 1e4) ** 2 * np.array([1 - 1e-9, 1 + 1e-9])
+    d_var = lik.variational_expectations(np.ones(2), m, v)[2]
+    np.testing.assert_allclose(d_var[0], d_var[1], rtol=1e-12)
+
+
 # ---- predictions ----------------------------------------------------------------------------
 
 

@@ -112,6 +112,21 @@ std::vector<double> column_means(ConstMatrixView X) {
   return mean;
 }
 
+// o[j] = sum_d (a[d] - bT[d, j])^2 for j < n: the squared distances from one point a to the
+// columns of bT [D, M], summed over d in order (vectorised over j).
+void squared_distances_row(const double* a, ConstMatrixView bT, index_t n, double* o) noexcept {
+  std::fill(o, o + n, 0.0);
+  for (index_t d = 0; d < bT.rows; ++d) {
+    const double ad = a[d];
+    const double* b = bT.row(d);
+#pragma omp simd
+    for (index_t j = 0; j < n; ++j) {
+      const double diff = ad - b[j];
+      o[j] += diff * diff;
+    }
+  }
+}
+
 std::vector<double> row_squared_norms(ConstMatrixView A) {
   std::vector<double> out(static_cast<std::size_t>(A.rows));
   for_each_row(A.rows, A.cols, false, [&](index_t i, index_t cols) noexcept {
@@ -244,7 +259,7 @@ template <KernelType T>
     const double wij = g[j] * variance * df;
     gf += g[j] * f;
     sw += wij;
-    swr2 += wij * r2;
+    swr2 += wij == 0.0 ? 0.0 : wij * r2;  // (not 0 * inf where r^2 overflows)
     w[j] = wij;
   }
   sums[0] = gf;
@@ -283,7 +298,14 @@ PYGPFAST_SIMD_CLONES void stationary_vjp_row(KernelType type, double* w, const d
 // Scaled inputs a = (X - c) / l, b = (X2 - c) / l and their squared norms, from which
 // r^2_ij = |a_i|^2 + |b_j|^2 - 2 a_i.b_j with one GEMM. The kernel does not change under a
 // common shift c; centring on the mean of X keeps the norms small, which limits the
-// cancellation in that difference (and in the GEMM-shaped gradients built the same way).
+// cancellation in that difference (and in the GEMM-shaped gradients built the same way) to
+// about D eps (|a_i|^2 + |b_j|^2) absolute. Where the norms exceed kExpansionNormLimit (inputs
+// more than ~1000 lengthscales from the mean, e.g. raw time stamps with a short lengthscale),
+// that error would exceed ~1e-9, so the kernel and its vjp sum (a_id - b_jd)^2 directly instead
+// (inputs spread over 1e6 lengthscales had errors of 1e-4 in K and 3e-5 in the lengthscale's
+// gradient the other way).
+constexpr double kExpansionNormLimit = 1e6;
+
 struct ScaledPair {
   ScaledPair(const Inputs& in, const std::vector<double>& inv_lengthscale)
       : shift(column_means(in.X)),
@@ -294,15 +316,23 @@ struct ScaledPair {
         a_norms(row_squared_norms(a)),
         b_norms(in.same ? a_norms : row_squared_norms(b)) {}
 
-  // Whether |a_i|^2 + |b_j|^2 - 2 a_i.b_j can overflow (inf - inf): inputs beyond ~1e154
-  // lengthscales from the mean of X.
-  bool norms_overflow() const {
-    constexpr double kLimit = std::numeric_limits<double>::max() / 4.0;
+  // Whether |a_i|^2 + |b_j|^2 - 2 a_i.b_j loses more than ~1e-9 (absolute) to cancellation,
+  // or overflows (inf - inf, inputs beyond ~1e154 lengthscales from the mean).
+  bool expansion_inexact() const {
     for (double v : a_norms)
-      if (!(v <= kLimit)) return true;
+      if (!(v <= kExpansionNormLimit)) return true;
     for (double v : b_norms)
-      if (!(v <= kLimit)) return true;
+      if (!(v <= kExpansionNormLimit)) return true;
     return false;
+  }
+
+  // b^T [D, M], for the direct distances (rows of b^T are contiguous over j).
+  Matrix b_transposed() const {
+    Matrix out(b.cols, b.rows);
+    const MatrixView o = out.view();
+    for (index_t j = 0; j < b.rows; ++j)
+      for (index_t d = 0; d < b.cols; ++d) o(d, j) = b(j, d);
+    return out;
   }
 
   std::vector<double> shift;
@@ -325,7 +355,7 @@ class Stationary final : public Node {
 
   void K(const Inputs& in, MatrixView out) const override {
     const ScaledPair s(in, inv_lengthscale_);
-    if (s.norms_overflow()) return K_direct(s, in.same, out);
+    if (s.expansion_inexact()) return K_direct(s, in.same, out);
     cross_product(s.a, s.b, in.same, -2.0, out);
     for_each_row(out.rows, out.cols, in.same, [&](index_t i, index_t end) noexcept {
       stationary_row(T, out.row(i), s.b_norms.data(), s.a_norms[i], in.same ? i : -1, variance_, end);
@@ -334,21 +364,15 @@ class Stationary final : public Node {
   }
 
   // K from the squared distances sum_d (a_id - b_jd)^2 summed directly (O(N M D), no GEMM), for
-  // inputs whose norms overflow; a distance that overflows gives k = 0, its limit.
+  // inputs far from their mean (ScaledPair::expansion_inexact); a distance that overflows gives
+  // k = 0, its limit.
   void K_direct(const ScaledPair& s, bool same, MatrixView out) const {
-    const index_t D = s.a.cols;
+    const Matrix bT_buf = s.b_transposed();
+    const ConstMatrixView bT = bT_buf.view();
     const std::vector<double> zeros(static_cast<std::size_t>(out.cols), 0.0);
     for_each_row(out.rows, out.cols, same, [&](index_t i, index_t end) noexcept {
-      double* o = out.row(i);
-      for (index_t j = 0; j < end; ++j) {
-        double r2 = 0.0;
-        for (index_t d = 0; d < D; ++d) {
-          const double diff = s.a(i, d) - s.b(j, d);
-          r2 += diff * diff;
-        }
-        o[j] = r2;
-      }
-      stationary_row(T, o, zeros.data(), 0.0, same ? i : -1, variance_, end);
+      squared_distances_row(s.a.row(i), bT, end, out.row(i));
+      stationary_row(T, out.row(i), zeros.data(), 0.0, same ? i : -1, variance_, end);
     });
     if (same) linalg::mirror_lower(out);
   }
@@ -367,24 +391,34 @@ class Stationary final : public Node {
              MatrixView* dX2) const override {
     const index_t N = in.X.rows, M = in.X2.rows;
     const ScaledPair s(in, inv_lengthscale_);
+    const bool direct = s.expansion_inexact();
+    const Matrix bT_buf = direct ? s.b_transposed() : Matrix(0, 0);
+    const ConstMatrixView bT = bT_buf.view();
+    const std::vector<double> zeros(direct ? static_cast<std::size_t>(M) : 0, 0.0);
     Matrix W_buf(N, M);
     const MatrixView W = W_buf.view();
-    cross_product(s.a, s.b, in.same, -2.0, W);
-    if (in.same) linalg::mirror_lower(W);
+    if (!direct) {
+      cross_product(s.a, s.b, in.same, -2.0, W);
+      if (in.same) linalg::mirror_lower(W);
+    }
 
     // Per-row partial sums of G o f (variance), W (R) and W o r^2 (isotropic lengthscale).
     std::vector<double> row_gf(N), row_w(N), row_wr2(N);
     for_each_row(N, M, false, [&](index_t i, index_t end) noexcept {
       double sums[3];
-      stationary_vjp_row(T, W.row(i), G.row(i), s.b_norms.data(), s.a_norms[i], in.same ? i : -1, variance_,
-                         end, sums);
+      if (direct) squared_distances_row(s.a.row(i), bT, end, W.row(i));
+      stationary_vjp_row(T, W.row(i), G.row(i), direct ? zeros.data() : s.b_norms.data(),
+                         direct ? 0.0 : s.a_norms[i], in.same ? i : -1, variance_, end, sums);
       row_gf[i] = sums[0];
       row_w[i] = sums[1];
       row_wr2[i] = sums[2];
     });
     dparams[offset_] += ordered_sum(row_gf);
     if (!ard_) dparams[offset_ + 1] += -2.0 * inv_lengthscale_[0] * ordered_sum(row_wr2);
-    contract(s, W, row_w, ard_, dparams, dX, dX2);
+    if (direct)
+      contract_direct(s, bT, W, ard_, dparams, dX, dX2);
+    else
+      contract(s, W, row_w, ard_, dparams, dX, dX2);
   }
 
   // RBF: dk/d(r^2) = -k / 2, so W = -G o K / 2 and the variance's gradient is sum G o K / variance,
@@ -414,7 +448,10 @@ class Stationary final : public Node {
         row_w[i] = -0.5 * gk;
       });
       dparams[offset_] += ordered_sum(row_gk) / variance_;
-      contract(s, W, row_w, true, dparams, dX, dX2);
+      if (s.expansion_inexact())
+        contract_direct(s, s.b_transposed().view(), W, true, dparams, dX, dX2);
+      else
+        contract(s, W, row_w, true, dparams, dX, dX2);
       return true;
     }
   }
@@ -470,6 +507,46 @@ class Stationary final : public Node {
         for (index_t d = 0; d < D; ++d)
           (*dX2)(j, d) += 2.0 * inv_lengthscale_[d] * (s.b(j, d) * WA(j, D) - WA(j, d));
     }
+  }
+
+  // contract's gradients from the differences a_id - b_jd themselves, for inputs far from their
+  // mean (ScaledPair::expansion_inexact), with bT = b^T. Entries with W_ij = 0 add nothing, also
+  // where a_id - b_jd overflows. One thread: only such inputs come here.
+  void contract_direct(const ScaledPair& s, ConstMatrixView bT, ConstMatrixView W, bool lengthscales,
+                       double* dparams, MatrixView* dX, MatrixView* dX2) const {
+    const index_t N = W.rows, M = W.cols, D = s.a.cols;
+    std::vector<double> wd2(static_cast<std::size_t>(D), 0.0);  // sum_ij W_ij (a_id - b_jd)^2
+    Matrix dX2T_buf(dX2 != nullptr ? D : 0, M);                 // sum_i W_ij (a_id - b_jd)
+    const MatrixView dX2T = dX2T_buf.view();
+    if (dX2 != nullptr) std::fill(dX2T.data, dX2T.data + D * M, 0.0);
+    for (index_t i = 0; i < N; ++i) {
+      const double* w = W.row(i);
+      for (index_t d = 0; d < D; ++d) {
+        const double a = s.a(i, d);
+        const double* b = bT.row(d);
+        double* col = dX2 != nullptr ? dX2T.row(d) : nullptr;
+        double sum = 0.0, sum2 = 0.0;
+#pragma omp simd reduction(+ : sum, sum2)
+        for (index_t j = 0; j < M; ++j) {
+          const double diff = a - b[j];
+          const double t = w[j] == 0.0 ? 0.0 : w[j] * diff;
+          sum += t;
+          sum2 += w[j] == 0.0 ? 0.0 : t * diff;
+        }
+        if (col != nullptr) {
+#pragma omp simd
+          for (index_t j = 0; j < M; ++j) col[j] += w[j] == 0.0 ? 0.0 : w[j] * (a - b[j]);
+        }
+        wd2[d] += sum2;
+        if (dX != nullptr) (*dX)(i, d) += 2.0 * inv_lengthscale_[d] * sum;
+      }
+    }
+    if (lengthscales)
+      for (index_t d = 0; d < D; ++d)
+        dparams[offset_ + 1 + (ard_ ? d : 0)] += -2.0 * inv_lengthscale_[d] * wd2[d];
+    if (dX2 != nullptr)
+      for (index_t j = 0; j < M; ++j)
+        for (index_t d = 0; d < D; ++d) (*dX2)(j, d) -= 2.0 * inv_lengthscale_[d] * dX2T(d, j);
   }
 
   index_t offset_;

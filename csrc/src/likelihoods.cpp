@@ -31,27 +31,26 @@ void for_each_point(index_t n, index_t evaluations_per_point, const Body& body) 
   parallel_for(n, std::max<index_t>(1, kMinEvaluationsPerThread / evaluations_per_point), body);
 }
 
-// log p(y | f) and its first two derivatives with respect to f.
-struct LogDensity {
-  double value;
-  double d1;
-  double d2;
-};
-
-// log Phi(g) with its derivatives lambda = phi(g) / Phi(g) and -lambda (lambda + g), accurate for
-// every finite g (vmath::log_normal_cdf: no log(0) in the lower tail; lambda + g loses only
-// about log10(g^2) digits there). Branch-free, so quadrature loops over it vectorise.
-[[gnu::always_inline]] inline LogDensity log_normal_cdf(double g) {
+// log Phi(g), accurate for every finite g (vmath::log_normal_cdf: no log(0) in the lower tail).
+[[gnu::always_inline]] inline double log_normal_cdf(double g) {
   double value, lambda;
   vmath::log_normal_cdf(g, value, lambda);
-  return {value, lambda, -lambda * (lambda + g)};
+  return value;
+}
+
+// d2 log Phi(g) / dg2 = -lambda (lambda + g) given lambda = phi(g) / Phi(g). Below g = -4 both
+// factors come from the continued fraction (vmath::mills_fraction_tails): the difference
+// lambda + g, computed directly, would lose about log10(g^2) digits (all of them by g = -1e8).
+double log_normal_cdf_curvature(double g, double lambda) {
+  if (g >= -vmath::kMillsFractionFrom) return -lambda * (lambda + g);
+  double T1, T2;
+  vmath::mills_fraction_tails(-g, T1, T2);
+  return -(T1 - g) * T1;
 }
 
 // Bernoulli-probit: log Phi(s f) with s = 2y - 1.
-[[gnu::always_inline]] inline LogDensity probit_log_density(double y, double f) {
-  const double s = y > 0.5 ? 1.0 : -1.0;
-  const LogDensity t = log_normal_cdf(s * f);
-  return {t.value, s * t.d1, t.d2};
+[[gnu::always_inline]] inline double probit_log_density(double y, double f) {
+  return log_normal_cdf(y > 0.5 ? f : -f);
 }
 
 // sigmoid(z), sigmoid(-z) and log sigmoid(z), without overflow.
@@ -71,10 +70,8 @@ struct SigmoidPair {
 }
 
 // Bernoulli-logit: log sigmoid(s f) with s = 2y - 1.
-[[gnu::always_inline]] inline LogDensity logit_log_density(double y, double f) {
-  const double s = y > 0.5 ? 1.0 : -1.0;
-  const SigmoidPair p = sigmoid_pair(s * f);
-  return {p.log_of_z, s * p.of_minus_z, -p.of_z * p.of_minus_z};
+[[gnu::always_inline]] inline double logit_log_density(double y, double f) {
+  return sigmoid_pair(y > 0.5 ? f : -f).log_of_z;
 }
 
 // log(y!) for an integer y >= 0. glibc's lgamma writes the global signgam, a data race in
@@ -107,15 +104,20 @@ struct NormalQuadrature {
   }
 };
 
-// Below this variance the var-derivative uses Price's form (see gh_expectation).
+// Where the var-derivative takes Price's form (see bernoulli_block): variances below
+// kPriceVariance, and node spacings sqrt(2 var) below kPriceRelativeSpacing |mu|.
 constexpr double kPriceVariance = 1e-10;
+constexpr double kPriceRelativeSpacing = 1e-4;
 
 // For each point, the quadrature approximation V(mu, var) = sum_k w_k log p(y | mu + sqrt(2 var) x_k)
 // of E[log p(y|f)] under N(f | mu, var), and its exact derivatives: dV/dmu = sum_k w_k d1(f_k)
 // and dV/dvar = sum_k w_k x_k d1(f_k) / sqrt(2 var). These are the gradients of the value that is
 // returned, so optimisers see a consistent objective (Price's E[d2]/2 differs from them by the
-// quadrature error). For var < kPriceVariance, where the division would amplify rounding,
-// dV/dvar takes Price's form sum_k w_k d2(f_k) / 2, equal to it to O(var).
+// quadrature error). Where that sum loses its digits, dV/dvar takes Price's form
+// sum_k w_k d2(f_k) / 2 instead, equal to it to O(var): for var < kPriceVariance, where the
+// division amplifies rounding, and where the nodes lie close together against |mu|: probit's
+// d1(f) ~ -f in the lower tail, so the x-weighted sum cancels about |mu| / sqrt(2 var) times the
+// rounding of f (at mu = -1e16, var = 1 it returned -0.75 for -0.5). Only those points evaluate d2.
 //
 // With s = 2y - 1 the Bernoulli log densities are log Phi(s f) (probit) and log sigmoid(s f)
 // (logit). A block of points has all its nodes' log densities evaluated as one array, so that
@@ -128,7 +130,6 @@ PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const double* x, const do
   double z[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];
   double v0[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // log p
   double v1[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // d log p / d(s f)
-  double v2[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // d2 log p / d f2
   const index_t n = count * n_gh;
   for (index_t p = 0; p < count; ++p) {
     const double s = y[p] > 0.5 ? 1.0 : -1.0, scale = std::sqrt(2.0 * var[p]);
@@ -137,33 +138,38 @@ PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const double* x, const do
   }
   if (probit) {
     vmath::log_normal_cdf(z, v0, v1, n);
-#pragma omp simd
-    for (index_t i = 0; i < n; ++i) v2[i] = -v1[i] * (v1[i] + z[i]);
   } else {
 #pragma omp simd
     for (index_t i = 0; i < n; ++i) {
       const SigmoidPair sp = sigmoid_pair(z[i]);
       v0[i] = sp.log_of_z;
       v1[i] = sp.of_minus_z;
-      v2[i] = -sp.of_z * sp.of_minus_z;
     }
   }
   for (index_t p = 0; p < count; ++p) {
     const double* a0 = v0 + p * n_gh;
     const double* a1 = v1 + p * n_gh;
-    const double* a2 = v2 + p * n_gh;
-    double e = 0.0, g = 0.0, gx = 0.0, h = 0.0;
-#pragma omp simd reduction(+ : e, g, gx, h)
+    double e = 0.0, g = 0.0, gx = 0.0;
+#pragma omp simd reduction(+ : e, g, gx)
     for (int k = 0; k < n_gh; ++k) {
       e += w[k] * a0[k];
       g += w[k] * a1[k];
       gx += w[k] * x[k] * a1[k];
-      h += w[k] * a2[k];
     }
     const double s = y[p] > 0.5 ? 1.0 : -1.0, scale = std::sqrt(2.0 * var[p]);
     value[p] = e;
     dmu[p] = s * g;
-    dvar[p] = var[p] >= kPriceVariance ? s * gx / scale : 0.5 * h;
+    if (var[p] >= kPriceVariance && scale >= kPriceRelativeSpacing * std::fabs(mu[p])) {
+      dvar[p] = s * gx / scale;
+    } else {
+      double h = 0.0;  // sum_k w_k d2(f_k)
+      for (int k = 0; k < n_gh; ++k) {
+        const double zk = z[p * n_gh + k];
+        h += w[k] * (probit ? log_normal_cdf_curvature(zk, a1[k])
+                            : -sigmoid_pair(zk).of_z * a1[k]);
+      }
+      dvar[p] = 0.5 * h;
+    }
   }
 }
 
@@ -406,14 +412,14 @@ void predict_log_density(const Likelihood& lik, const double* y, const double* m
       return;
     case LikelihoodType::BernoulliProbit:
       for_each_point(n, 1, [&](index_t i) {
-        out[i] = probit_log_density(y[i], mu[i] / std::sqrt(1.0 + var[i])).value;
+        out[i] = probit_log_density(y[i], mu[i] / std::sqrt(1.0 + var[i]));
       });
       return;
     case LikelihoodType::BernoulliLogit: {
       const NormalQuadrature q(lik.n_gh);
       for_each_point(n, q.size(), [&](index_t i) {
         out[i] = log_expected_density(
-            q, mu[i], var[i], [&](double fk) { return logit_log_density(y[i], fk).value; });
+            q, mu[i], var[i], [&](double fk) { return logit_log_density(y[i], fk); });
       });
       return;
     }

@@ -9,6 +9,7 @@
 #include "pygpfast/errors.hpp"
 #include "pygpfast/linalg.hpp"
 #include "pygpfast/threads.hpp"
+#include "pygpfast/vmath.hpp"
 #include "pygpfast/workspace.hpp"
 
 namespace pygpfast::svgp_mf {
@@ -25,11 +26,6 @@ constexpr double kLogSqrt2Pi = 0.91893853320467274178;  // log(sqrt(2 pi))
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 constexpr double kInvSqrt2 = 0.70710678118654752440;    // 1 / sqrt(2)
 
-// Below this z the truncated-normal quantities come from Laplace's continued fraction of the
-// Mills ratio, Phi(z) / phi(z) = 1 / (x + T1), T_k = k / (x + T_{k+1}), x = -z. At x >= 4, 40
-// terms reach double precision (checked against 2000 terms).
-constexpr double kContinuedFractionBelow = -4.0;
-constexpr int kContinuedFractionTerms = 40;
 
 // Per-point loops are split across threads only when each thread gets this many points (a
 // point costs one erfc or continued fraction, a few Newton steps in the inner solve).
@@ -54,12 +50,10 @@ struct Truncated {
 };
 
 Truncated truncated(double z) {
-  if (z < kContinuedFractionBelow) {
+  if (z < -vmath::kMillsFractionFrom) {  // (vmath::mills_fraction_tails)
     const double x = -z;
-    double t = 0.0;
-    for (int k = kContinuedFractionTerms; k >= 2; --k) t = k / (x + t);
-    const double d = t;                // T2
-    const double c = 1.0 / (x + d);    // T1 = lambda - x
+    double c, d;  // T1 = lambda - x, T2
+    vmath::mills_fraction_tails(x, c, d);
     const double lambda = x + c;
     // log Phi = -x^2/2 - log sqrt(2 pi) - log lambda;  x c = 1 - d c.
     const double h = -kLogSqrt2Pi - std::log(lambda) + (1.0 - d * c) + 0.5 * c * c;
