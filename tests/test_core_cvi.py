@@ -392,6 +392,28 @@ def test_predict_f_matches_the_dense_formula(rng):
         assert np.allclose(var[:, l], Kss - np.einsum("ij,jk,ik->i", Ks, P, Ks), atol=1e-10)
 
 
+def test_pi_keeps_its_digits_at_large_site_precisions(rng):
+    # Poisson sites with counts ~1e7 have lambda ~ 1e7, where Lambda - Lambda V Lambda cancels
+    # every digit of Pi = (K + Lambda^-1)^-1; the core then takes it from the Cholesky factor
+    # of I + Lambda^1/2 K Lambda^1/2. Reference: the same formula in numpy (B's eigenvalues
+    # are >= 1, so it is well conditioned).
+    X = np.sort(rng.uniform(-2, 2, (30, 1)), axis=0)
+    y = rng.poisson(1e7 * np.exp(0.5 * np.sin(2 * X[:, 0]))).astype(np.float64)
+    kernel = RBF(variance=4.0, lengthscale=0.7)
+    codes, params = kernel._spec(1)
+    lb = cvi.LocalBound("poisson")
+    mean, jitter = np.array([np.log(1e7)]), 1e-6
+    info, alpha, lam, _, Pi = _core.cvi_fit_step(
+        codes, params, *lb._core_args(), X, y, mean, jitter, np.zeros((1, 30)),
+        np.zeros((1, 30)), 200, 1e-12, 16, 30, 0.0, False, True)
+    assert lam.min() > 1e6
+    K = kernel(X)
+    K += jitter * np.mean(np.diag(K)) * np.eye(30)
+    r = np.sqrt(lam[0])
+    P = r[:, None] * np.linalg.inv(np.eye(30) + r[:, None] * K * r[None, :]) * r[None, :]
+    np.testing.assert_allclose(Pi[0], P, rtol=1e-8, atol=1e-8 * np.abs(P).max())
+
+
 def test_prior_covariance_is_k_plus_relative_jitter():
     """The one jitter rule that cvi_fit_step and the Opper-Archambeau path share."""
     X, _, kernel, _ = _problem("logit", N=25)

@@ -98,6 +98,25 @@ def test_poisson_large_counts_with_hyperparameter_learning(rng):
     assert np.isfinite(reg.bound_) and reg.bound_ < 0
 
 
+@pytest.mark.parametrize("scale", [1e3, 1e7])
+def test_poisson_counts_of_millions_predict_the_counts(scale):
+    # Sites with lambda ~ counts ~ 1e7: Pi = Lambda - Lambda V Lambda lost every digit, and the
+    # predictions at the training inputs were up to 1e15 times the counts (latent variances of
+    # 69 instead of ~1e-7), with the inference converged and no warning. Poisson noise is
+    # 1 / sqrt(counts) relative, so the posterior mean must sit within a few of those.
+    rng = np.random.RandomState(2)
+    X = rng.uniform(-2, 2, (60, 1))
+    y = rng.poisson(scale * np.exp(0.5 * np.sin(2 * X[:, 0])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reg = VGPPoissonRegressor(random_state=0).fit(X, y)
+    assert np.max(np.abs(reg.predict(X) / y - 1)) < 5 / np.sqrt(y.min())
+    # (The latent variances are ~1/y = 1e-7 at 1e7; predict_latent's quadratic form
+    # k** - k^T Pi k still leaves an absolute error of that order there: within 1e-6.)
+    _, var = reg.predict_latent(X)
+    assert np.all(var >= 0) and np.all(var < 3.0 / y[:, None] + 1e-6)
+
+
 @pytest.mark.parametrize("likelihood", ["logit", "multinomial"])
 def test_hyperparameter_search_does_not_depend_on_feature_units(likelihood, rng):
     # The default lengthscales follow the data (median heuristic), but the search box was the
