@@ -421,8 +421,10 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
     Returns
     -------
     n_iter : int
-    converged : bool
-        False when the last stage stopped at ``max_iter`` (not when ``report`` stopped it).
+    problem : str or None
+        None when the fit converged or ``report`` stopped it; otherwise why the last stage
+        stopped: at ``max_iter``, or L-BFGS-B's own message when it gave up early (a failed
+        line search, e.g. on gradients spoiled by a near-singular K(Z, Z)).
     """
     N = X.shape[0]
     state = {"it": 0, "elbo": -np.inf, "clock": time.perf_counter(), "stopped": False}
@@ -465,5 +467,8 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
                   max_iter if frozen else max(1, min(max_iter // 4, 100)))
     if not state["stopped"] and not frozen:
         res = run(Packer(model, train_Z=train_Z, train_hyper=train_hyper), max_iter)
-    converged = res is None or res.success or res.nit < max_iter
-    return state["it"], converged
+    if res is None or res.success:
+        return state["it"], None
+    if res.nit >= max_iter:
+        return state["it"], "max_iter"
+    return state["it"], f"L-BFGS-B stopped after {res.nit} iterations ({str(res.message).rstrip(': ')})"

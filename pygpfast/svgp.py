@@ -356,10 +356,15 @@ class _SVGPEstimator(BaseEstimator):
         self.optimizer_ = optimizer
         if optimizer == "lbfgs":
             X = np.ascontiguousarray(X, dtype=np.float64)
-            self.n_iter_, converged = fit_lbfgs(
+            self.n_iter_, problem = fit_lbfgs(
                 model, X, t, train_Z=self.train_inducing, train_hyper=self.optimize_hyperparameters,
                 max_iter=self.max_iter, tol=self.tol, report=self._report,
             )
+            converged = problem != "max_iter"
+            if problem not in (None, "max_iter"):
+                warnings.warn(f"SVGP: {problem}; the fit may be far from the optimum (a "
+                              "near-singular K(Z, Z)? larger jitter, distinct inducing_points or "
+                              "whiten=True can help)", ConvergenceWarning, stacklevel=2)
             self._set_model(model)
             self.elbo_ = model.elbo(X, t)[0]
             self.n_steps_ = self.n_iter_
@@ -803,11 +808,21 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         y = as_vector(y, "y")
         if first_call:
             self.y_mean_, self.y_scale_ = 0.0, 1.0
-            power = float(np.mean(y * y)) if y.size else 0.0
+            # Moments of y / max|y|, scaled back: y * y and np.std overflowed from |y| ~ 1e154
+            # on (y_scale_ = inf and NaN predictions).
+            big = float(np.max(np.abs(y))) if y.size else 0.0
+            unit = y / big if big > 0.0 else y
+            with np.errstate(over="ignore"):
+                power = big * big * float(np.mean(unit * unit)) if big > 0.0 else 0.0
+            standardise = self.normalize_y and self._gaussian()
+            if power == np.inf and self._gaussian() and not standardise:
+                raise ValueError(
+                    f"targets up to |y| = {big:.3g}: their mean square, the prior variance a "
+                    "Gaussian likelihood needs for them, overflows float64; use normalize_y=True")
             self._y_power = power if 0.0 < power < np.inf else 1.0
-            if self.normalize_y and self._gaussian():
-                std = float(np.std(y))
-                self.y_mean_, self.y_scale_ = float(np.mean(y)), std if std > 0 else 1.0
+            if standardise:
+                std = big * float(np.std(unit))
+                self.y_mean_, self.y_scale_ = big * float(np.mean(unit)), std if std > 0 else 1.0
         return (y - self.y_mean_) / self.y_scale_ if self.y_scale_ != 1.0 or self.y_mean_ else y
 
     def predict_latent(self, X):

@@ -157,3 +157,36 @@ def test_unnormalised_targets_in_the_hundreds_are_not_fitted_as_noise():
     assert reg.score(X, y) > 0.9
     assert reg.kernel_.variance > 100.0
     assert reg.y_mean_ == 0.0 and reg.y_scale_ == 1.0
+
+
+def test_lbfgs_giving_up_early_is_a_convergence_warning():
+    # Duplicated inducing inputs, unwhitened, with a jitter of 1e-12: K(Z, Z) is singular to
+    # rounding, L-BFGS-B's line search failed at once ("ABNORMAL", 0 iterations), the model
+    # stayed at the prior (p = 0.5 everywhere) and the fit counted as converged (nit < max_iter).
+    rng = np.random.RandomState(0)
+    X = rng.randn(80, 2)
+    y = (X[:, 0] + 0.3 * rng.randn(80) > 0).astype(int)
+    Z = np.vstack([X[:5], X[:5]])
+    with pytest.warns(ConvergenceWarning, match="L-BFGS-B stopped after"):
+        SVGPClassifier(inducing_points=Z, whiten=False, jitter=1e-12, random_state=0).fit(X, y)
+    with warnings.catch_warnings():  # the same inducing inputs whitened fit normally
+        warnings.simplefilter("error", ConvergenceWarning)
+        clf = SVGPClassifier(inducing_points=Z, jitter=1e-12, random_state=0).fit(X, y)
+    assert clf.score(X, y) > 0.9
+
+
+@pytest.mark.parametrize("scale", [1e155, 1e300])
+def test_targets_beyond_1e154(scale):
+    # y * y and np.std overflowed: y_scale_ = inf and every prediction NaN (normalize_y), or a
+    # "kernel params[0] must be finite, got nan" from deep inside the fit (normalize_y=False).
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, 2)
+    y = np.sin(X[:, 0]) + 0.1 * rng.randn(60)
+    with warnings.catch_warnings():  # (both fits stop at the same max_iter)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reg = SVGPRegressor(n_inducing=10, max_iter=50, random_state=0).fit(X, y * scale)
+        small = SVGPRegressor(n_inducing=10, max_iter=50, random_state=0).fit(X, y)
+    assert reg.y_scale_ == pytest.approx(small.y_scale_ * scale, rel=1e-12)
+    np.testing.assert_allclose(reg.predict(X) / scale, small.predict(X), rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match="normalize_y=True"):
+        SVGPRegressor(normalize_y=False, n_inducing=10, random_state=0).fit(X, y * scale)
