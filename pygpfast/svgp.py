@@ -343,6 +343,14 @@ class _SVGPEstimator(BaseEstimator):
             del self.model_
         X, y = self._validate_Xy(X, y, reset=True)
         t = self._encode_targets(y, first_call=True)
+        try:
+            return self._fit_encoded(X, t)
+        except BaseException:  # (a failed step, or a callback that raised, KeyboardInterrupt too)
+            if hasattr(self, "model_"):
+                del self.model_
+            raise
+
+    def _fit_encoded(self, X, t):
         rs = check_random_state(self.random_state)
         N = X.shape[0]
         model = self._init_model(X, rs)

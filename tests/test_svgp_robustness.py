@@ -190,3 +190,27 @@ def test_targets_beyond_1e154(scale):
     np.testing.assert_allclose(reg.predict(X) / scale, small.predict(X), rtol=1e-6, atol=1e-9)
     with pytest.raises(ValueError, match="normalize_y=True"):
         SVGPRegressor(normalize_y=False, n_inducing=10, random_state=0).fit(X, y * scale)
+
+
+@pytest.mark.parametrize("Estimator", [SVGPClassifier, SVGPRegressor])
+def test_a_fit_stopped_by_an_exception_leaves_the_estimator_unfitted(Estimator):
+    # The model was installed before training, so a callback that raised (KeyboardInterrupt
+    # included) or a step that failed left a half-trained or broken model that predicted, where
+    # VGPClassifier's failed fits leave it unfitted.
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, 2)
+    y = (X[:, 0] > 0).astype(int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = Estimator(n_inducing=10, max_iter=20, random_state=0).fit(X, y)
+
+    def interrupt(estimator, iteration, elbo):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        est.set_params(callback=interrupt).fit(X, y)
+    with pytest.raises(NotFittedError):
+        est.predict(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        assert est.set_params(callback=None).fit(X, y).predict(X).shape == (60,)
