@@ -3,10 +3,14 @@ Gaussian likelihood, the natural-parameter update written out in numpy), their f
 against the ELBO's stationarity, the PD guard, parameter packing against finite differences,
 Adam and Adadelta against their formulas, and the estimators' optimizer choices."""
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.linalg
 import scipy.stats
+
+from sklearn.exceptions import ConvergenceWarning
 
 from pygpfast import kernels, likelihoods
 from pygpfast._svgp_optim import Adadelta, Adam, NaturalGradient, Packer
@@ -234,3 +238,31 @@ def test_stochastic_optimizers_fit_moons(optimizer):
                          random_state=0).fit(X, y)
     assert clf.score(Xt, yt) > 0.93
     assert clf.optimizer_ == optimizer
+
+
+def test_poisson_natural_steps_do_not_overshoot():
+    # Newton's step on exp(f) at the prior overshot: counts of ~20 streamed through
+    # partial_fit (natural gradients) sent the predicted rates to 1e12, then 1e68. Poisson's
+    # natural steps are now halved until their minibatch's ELBO does not fall.
+    rng = np.random.RandomState(0)
+    X = rng.randn(300, 2)
+    rate = np.exp(3 + 0.5 * X[:, 0])
+    y = rng.poisson(rate)
+    reg = SVGPRegressor(likelihood=likelihoods.Poisson(), n_inducing=10, random_state=0)
+    values = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for i in range(3):
+            reg.partial_fit(X[i * 100:(i + 1) * 100], y[i * 100:(i + 1) * 100])
+            values.append(reg.predict(X))
+    for p in values:
+        assert np.all(np.isfinite(p)) and np.all(p > 0.5) and np.all(p < 500)
+    assert np.median(np.abs(values[-1] / rate - 1)) < 0.3
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        big = SVGPRegressor(likelihood=likelihoods.Poisson(), optimizer="natgrad", n_inducing=10, max_iter=20,
+                            random_state=0).fit(X, rng.poisson(1000 * rate / np.exp(3)))
+    p = big.predict(X) / (1000 * rate / np.exp(3))
+    # (it diverged to 1e271; 20 epochs of minibatch steps do not make it a tight fit)
+    assert np.all(np.isfinite(p)) and 0.1 < p.min() and p.max() < 10.0
+    assert np.median(np.abs(p - 1)) < 0.25
