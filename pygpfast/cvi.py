@@ -497,15 +497,15 @@ class _Run:
             # 1/v - lambda has no digits left) or stall; the cold start is the safe one.
             self.alpha, self.lambda_ = self.start[0].copy(), self.start[1].copy()
             out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
-        info, alpha, lam, grads, Pi = out
+        info, alpha, lam, grads = out
         # The next evaluation starts here; lambda >= 0 keeps Omega + Lambda positive definite
         # for any kernel (the piecewise bounds allow slightly negative site precisions).
         self.alpha, self.lambda_ = alpha, np.maximum(lam, 0.0)
-        self.last = (theta.copy(), info, alpha, lam, Pi)
+        self.last = (theta.copy(), info, alpha, lam)
         return info, grads
 
     def at(self, theta):
-        """(info, alpha, lambda, Pi) at theta, re-evaluated unless it was the last one."""
+        """(info, alpha, lambda) at theta, re-evaluated unless it was the last one."""
         if self.last is None or not np.array_equal(self.last[0], theta):
             self.evaluate(theta)
         self.hyper.set(theta)
@@ -540,7 +540,7 @@ class _VGPEstimator(BaseEstimator):
         self._clock = time.perf_counter()
         try:
             theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
-            info, alpha, lam, Pi = self._set_fitted(run, theta)
+            info, alpha, lam = self._set_fitted(run, theta)
         except BaseException:  # (a callback may have set the attributes of a search that failed)
             self._forget()
             raise
@@ -566,16 +566,18 @@ class _VGPEstimator(BaseEstimator):
 
     def _set_fitted(self, run, theta):
         """The fitted attributes at theta (the final one, or the current one for a callback);
-        returns (info, alpha, lambda, Pi)."""
-        info, alpha, lam, Pi = run.at(theta)
+        returns (info, alpha, lambda)."""
+        info, alpha, lam = run.at(theta)
         self.kernel_ = copy.deepcopy(run.hyper.kernel)
         self.local_bound_ = copy.deepcopy(run.hyper.local_bound)
         self.mean_ = run.hyper.mean.copy()
         self.bound_ = float(info["bound"])
         self.inference_info_ = {k: v for k, v in info.items() if k != "history"}
-        self.alpha_, self.lambda_, self.Pi_ = alpha, lam, Pi
+        self.alpha_, self.lambda_ = alpha, lam
+        codes, params = self.kernel_._spec(run.X.shape[1])
+        self.predictive_factor_ = _core.cvi_predictive_factor(codes, params, run.X, self.jitter, lam)
         self.X_train_ = run.X
-        return info, alpha, lam, Pi
+        return info, alpha, lam
 
     def _check_oa_optimum(self, hyper, X, t, alpha, lam, bound):
         """Warn when L-BFGS-B's relative-reduction stop left the bound short of its optimum.
@@ -636,20 +638,20 @@ class _VGPEstimator(BaseEstimator):
 
     def _inference(self, hyper, X, t, alpha, lam):
         """Inference at hyperparameters `hyper` from the warm start (alpha, lam), with the
-        gradients: (info, alpha, lambda, (d_kernel, d_mean, d_thresholds), Pi)."""
+        gradients: (info, alpha, lambda, (d_kernel, d_mean, d_thresholds))."""
         codes, params = hyper.kernel._spec(X.shape[1])
         max_iter = self.inner_max_iter
         if self.method == "opper-archambeau":
             K = _core.cvi_prior_covariance(codes, params, X, self.jitter)
             oa = _infer_oa(K, t, hyper.local_bound, hyper.mean, alpha, lam, max_iter, self.tol)
             alpha, lam, max_iter = oa.alpha, oa.lambda_, 0  # the core then only differentiates
-        info, alpha, lam, grads, Pi = _core.cvi_fit_step(
+        info, alpha, lam, grads, _ = _core.cvi_fit_step(
             codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter, alpha,
-            lam, max_iter, self.tol, self.block_size, _MAX_NEWTON, np.sqrt(self.tol), True, True)
+            lam, max_iter, self.tol, self.block_size, _MAX_NEWTON, np.sqrt(self.tol), True, False)
         if self.method == "opper-archambeau":
             info.update({k: v for k, v in oa.info.items() if k != "bound"},
                         history=oa.history, converged=oa.converged)
-        return info, alpha, lam, grads, Pi
+        return info, alpha, lam, grads
 
     def predict_latent(self, X):
         """Means and variances [T, L] of the latent functions at X [T, D] under q."""
@@ -657,7 +659,7 @@ class _VGPEstimator(BaseEstimator):
         X = validate_data(self, X, dtype=np.float64, order="C", reset=False)
         codes, params = self.kernel_._spec(X.shape[1])
         return _core.cvi_predict_f(codes, params, self.X_train_, self.mean_, self.alpha_,
-                                   self.Pi_, X)
+                                   self.lambda_, self.predictive_factor_, X)
 
 
 _COMMON_DOC = """
@@ -718,8 +720,10 @@ _COMMON_ATTRIBUTES = """
     local_bound_ : LocalBound
     alpha_, lambda_ : ndarray [L, N]
         The posterior: m_l = mean_l + K alpha_l, V_l = (K^-1 + diag(lambda_l))^-1.
-    Pi_ : ndarray [L, N, N]
-        (K + diag(lambda_l)^-1)^-1 for the predictive variances.
+    predictive_factor_ : ndarray [L, N, N]
+        Lower Cholesky factors F_l of I + diag(lambda_l)^1/2 K diag(lambda_l)^1/2, from which the
+        predictive variances are k_** - |F_l^-1 diag(lambda_l)^1/2 k_*|^2 (stable where an
+        explicit (K + diag(lambda_l)^-1)^-1 would cancel, e.g. Poisson sites with large counts).
     inference_info_ : dict
         Counters of the last inference (iterations, flops, residuals of eqs. 7-8, ...).
 """

@@ -381,13 +381,17 @@ def test_predict_f_matches_the_dense_formula(rng):
         codes, params, *lb._core_args(), X, y, mean, jitter, np.zeros((3, 40)),
         np.zeros((3, 40)), 200, 1e-12, 16, 30, 0.0, False, True)
     Xs = rng.standard_normal((7, 2))
-    mu, var = _core.cvi_predict_f(codes, params, X, mean, alpha, Pi, Xs)
+    F = _core.cvi_predictive_factor(codes, params, X, jitter, lam)
+    mu, var = _core.cvi_predict_f(codes, params, X, mean, alpha, lam, F, Xs)
     Ks, Kss = kernel(Xs, X), np.diag(kernel(Xs))
     K = kernel(X)
     K += jitter * np.mean(np.diag(K)) * np.eye(40)
     for l in range(3):
         P = np.linalg.inv(K + np.diag(1.0 / lam[l]))
         assert np.allclose(Pi[l], P, atol=1e-10)
+        r = np.sqrt(lam[l])
+        np.testing.assert_allclose(F[l], np.linalg.cholesky(np.eye(40) + r[:, None] * K * r[None, :]),
+                                   rtol=1e-12, atol=1e-13)
         assert np.allclose(mu[:, l], mean[l] + Ks @ alpha[l], atol=1e-12)
         assert np.allclose(var[:, l], Kss - np.einsum("ij,jk,ik->i", Ks, P, Ks), atol=1e-10)
 

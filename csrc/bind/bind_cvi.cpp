@@ -224,30 +224,51 @@ void bind_cvi(py::module_& m) {
       "The prior covariance of cvi_fit_step, K(X, X) + jitter mean(diag K) I [N, N].");
 
   m.def(
+      "cvi_predictive_factor",
+      [](const py::array& codes, const py::array& params, const py::array& X, double jitter,
+         const py::array& lambda) {
+        const auto Xv = as_matrix(X, "X");
+        const kernels::Kernel kernel = make_kernel(codes, params, Xv.cols);
+        const index_t N = Xv.rows, L = lambda.ndim() == 2 ? lambda.shape(0) : 0;
+        const double* lam = as_latent_array(lambda, "lambda", L, N);
+        auto F = new_array3(L, N, N);
+        {
+          py::gil_scoped_release release;
+          cvi::predictive_factor(kernel, Xv, jitter, lam, L, F.mutable_data());
+        }
+        return F;
+      },
+      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("jitter"), py::arg("lambda_"),
+      "F [L, N, N]: lower Cholesky factors of I + Lambda_l^1/2 Sigma Lambda_l^1/2 (Sigma with the "
+      "fit's relative jitter), for cvi_predict_f.");
+
+  m.def(
       "cvi_predict_f",
       [](const py::array& codes, const py::array& params, const py::array& X,
-         const py::array& mean, const py::array& alpha, const py::array& Pi,
-         const py::array& Xnew) {
+         const py::array& mean, const py::array& alpha, const py::array& lambda,
+         const py::array& F, const py::array& Xnew) {
         const auto Xv = as_matrix(X, "X");
         const auto Xn = as_matrix(Xnew, "Xnew");
         const kernels::Kernel kernel = make_kernel(codes, params, Xv.cols);
         const index_t N = Xv.rows, L = alpha.ndim() == 2 ? alpha.shape(0) : 0;
         const double* mv = as_vector(mean, "mean", L);
         const double* al = as_latent_array(alpha, "alpha", L, N);
-        check_float64_c(Pi, "Pi");
-        if (Pi.ndim() != 3 || Pi.shape(0) != L || Pi.shape(1) != N || Pi.shape(2) != N)
-          throw std::invalid_argument("Pi must be [L, N, N]");
+        const double* lam = as_latent_array(lambda, "lambda", L, N);
+        check_float64_c(F, "F");
+        if (F.ndim() != 3 || F.shape(0) != L || F.shape(1) != N || F.shape(2) != N)
+          throw std::invalid_argument("F must be [L, N, N]");
         auto mu = new_matrix(Xn.rows, L), var = new_matrix(Xn.rows, L);
         {
           py::gil_scoped_release release;
-          cvi::predict_f(kernel, Xv, mv, al, static_cast<const double*>(Pi.data()), L, Xn,
+          cvi::predict_f(kernel, Xv, mv, al, lam, static_cast<const double*>(F.data()), L, Xn,
                          view_of(mu), view_of(var));
         }
         return py::make_tuple(mu, var);
       },
       py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("mean"), py::arg("alpha"),
-      py::arg("Pi"), py::arg("Xnew"),
-      "Latent marginals at Xnew: (mean [T, L], var [T, L]) from cvi_fit_step's alpha and Pi.");
+      py::arg("lambda_"), py::arg("F"), py::arg("Xnew"),
+      "Latent marginals at Xnew: (mean [T, L], var [T, L]) from cvi_fit_step's alpha and lambda "
+      "and cvi_predictive_factor's F.");
 }
 
 }  // namespace pygpfast::bind

@@ -777,6 +777,8 @@ void prior_covariance(const kernels::Kernel& kernel, ConstMatrixView X, double j
   for (index_t i = 0; i < N; ++i) S(i, i) += jitter * mean_diag / static_cast<double>(N);
 }
 
+namespace {
+
 // Pi = (Sigma + Lambda^-1)^-1 = Lambda - Lambda V Lambda with V = (Sigma^-1 + Lambda)^-1 cancels
 // about log10(lambda_i Sigma_ii) digits of V's relative accuracy in entry i: nothing for
 // classification (lambda <= 1/4 for the logit bound), but Poisson sites with counts of 1e7 have
@@ -795,20 +797,30 @@ bool pi_from_v_cancels(ConstMatrixView Sigma, const double* lam) {
   return large && !negative;
 }
 
-// Pi's lower triangle into P (see pi_from_v_cancels), for lambda >= 0.
-void pi_by_cholesky(ConstMatrixView Sigma, const double* lam, MatrixView P) {
+// F = the lower Cholesky factor of B = I + Lambda^1/2 Sigma Lambda^1/2 (zero above the diagonal),
+// lambda < 0 (rounding) counting as 0. B's eigenvalues are >= 1.
+void factor_site_matrix(ConstMatrixView Sigma, const double* lam, MatrixView F) {
   const index_t N = Sigma.rows;
   Buffer root(static_cast<std::size_t>(N));
-  for (index_t i = 0; i < N; ++i) root[i] = std::sqrt(lam[i]);
+  for (index_t i = 0; i < N; ++i) root[i] = std::sqrt(std::max(lam[i], 0.0));
   for (index_t i = 0; i < N; ++i) {
-    for (index_t j = 0; j <= i; ++j) P(i, j) = root[i] * Sigma(i, j) * root[j];
-    P(i, i) += 1.0;
+    for (index_t j = 0; j <= i; ++j) F(i, j) = root[i] * Sigma(i, j) * root[j];
+    F(i, i) += 1.0;
+    std::fill(F.row(i) + i + 1, F.row(i) + N, 0.0);
   }
-  require(blas::potrf_lower(P) == 0 && blas::potri_lower(P) == 0,
+  require(blas::potrf_lower(F) == 0,
           "cvi: I + Lambda^1/2 Sigma Lambda^1/2 is not positive definite (non-finite site precisions)");
-  for (index_t i = 0; i < N; ++i)
-    for (index_t j = 0; j <= i; ++j) P(i, j) *= root[i] * root[j];
 }
+
+// Pi's lower triangle into P (see pi_from_v_cancels), for lambda >= 0: Lambda^1/2 B^-1 Lambda^1/2.
+void pi_by_cholesky(ConstMatrixView Sigma, const double* lam, MatrixView P) {
+  factor_site_matrix(Sigma, lam, P);
+  require(blas::potri_lower(P) == 0, "cvi: singular factor of I + Lambda^1/2 Sigma Lambda^1/2");
+  for (index_t i = 0; i < Sigma.rows; ++i)
+    for (index_t j = 0; j <= i; ++j) P(i, j) *= std::sqrt(lam[i]) * std::sqrt(lam[j]);
+}
+
+}  // namespace
 
 Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrixView X,
                 const double* y, const double* mean, double jitter, double* alpha,
@@ -929,28 +941,43 @@ double oa_objective(const LocalBound& lb, const double* y, ConstMatrixView Sigma
   return value;
 }
 
+void predictive_factor(const kernels::Kernel& kernel, ConstMatrixView X, double jitter,
+                       const double* lambda, index_t L, double* F) {
+  const index_t N = X.rows;
+  Buffer Sigma(static_cast<std::size_t>(N * N));
+  const MatrixView S(Sigma.data(), N, N);
+  prior_covariance(kernel, X, jitter, S, nullptr);
+  for (index_t l = 0; l < L; ++l) factor_site_matrix(S, lambda + l * N, MatrixView(F + l * N * N, N, N));
+}
+
 void predict_f(const kernels::Kernel& kernel, ConstMatrixView X, const double* mean,
-               const double* alpha, const double* Pi, index_t L, ConstMatrixView Xnew,
-               MatrixView mean_out, MatrixView var_out) {
+               const double* alpha, const double* lambda, const double* F, index_t L,
+               ConstMatrixView Xnew, MatrixView mean_out, MatrixView var_out) {
   const index_t N = X.rows, T = Xnew.rows;
   require(X.cols == kernel.input_dim() && Xnew.cols == X.cols,
           "cvi: X and Xnew must have the kernel's ", kernel.input_dim(), " columns");
   require(mean_out.rows == T && mean_out.cols == L && var_out.rows == T && var_out.cols == L,
           "cvi: mean_out and var_out must be [T, L]");
   constexpr index_t kChunk = 512;  // test rows per block: bounds the [chunk, N] scratch
-  Buffer Ks(static_cast<std::size_t>(std::min(T, kChunk) * N)), Q(Ks.size()), kss(kChunk), mu(kChunk);
+  Buffer Ks(static_cast<std::size_t>(std::min(T, kChunk) * N)), Q(Ks.size()), kss(kChunk), mu(kChunk),
+      root(static_cast<std::size_t>(N));
   for (index_t t0 = 0; t0 < T; t0 += kChunk) {
     const index_t rows = std::min(kChunk, T - t0);
     const ConstMatrixView Xc(Xnew.row(t0), rows, Xnew.cols, Xnew.ld);
-    MatrixView K(Ks.data(), rows, N), Qv(Q.data(), rows, N);
+    MatrixView K(Ks.data(), rows, N), W(Q.data(), rows, N);
     kernel.K(Xc, X, false, K);
     kernel.Kdiag(Xc, kss.data());
     for (index_t l = 0; l < L; ++l) {
       blas::gemv(Trans::No, 1.0, K, alpha + l * N, 0.0, mu.data());
-      blas::gemm(Trans::No, Trans::No, 1.0, K, ConstMatrixView(Pi + l * N * N, N, N), 0.0, Qv);
+      for (index_t n = 0; n < N; ++n) root[n] = std::sqrt(std::max(lambda[l * N + n], 0.0));
+      for (index_t t = 0; t < rows; ++t)
+        for (index_t n = 0; n < N; ++n) W(t, n) = K(t, n) * root[n];
+      // Rows of W become (F_l^-1 Lambda^1/2 k_t)^T.
+      blas::trsm(blas::Side::Right, blas::Uplo::Lower, Trans::Yes, blas::Diag::NonUnit, 1.0,
+                 ConstMatrixView(F + l * N * N, N, N), W);
       for (index_t t = 0; t < rows; ++t) {
         double q = 0.0;
-        for (index_t n = 0; n < N; ++n) q += Qv(t, n) * K(t, n);
+        for (index_t n = 0; n < N; ++n) q += W(t, n) * W(t, n);
         mean_out(t0 + t, l) = mean[l] + mu[t];
         var_out(t0 + t, l) = std::max(kss[t] - q, 0.0);
       }
