@@ -380,3 +380,24 @@ def test_attributes_repr_pickle():
                                       lik.variational_expectations(y, mu, var)[0])
     value, d_mu, d_var, d_params = lik.variational_expectations(y, mu, var, return_param_grad=True)
     assert d_params.shape == (1, 0) and d_mu.shape == d_var.shape == (1, 4)
+
+
+def test_narrow_class_beside_wide_ones_far_from_the_top_mean():
+    """A class of variance <= 10 (Gauss-Hermite) in a point with wide classes (Gumbel form),
+    its mean hundreds below the largest: the wide grid reaches t = e^u beyond the double range
+    while the narrow class's e^{f - shift} underflows, and t e was inf * 0: every output NaN
+    (a multi-class SVGP on features in the thousands then failed in a Cholesky). Against Monte
+    Carlo of E[softmax(f)] and E[log softmax_y(f)], 10^6 draws."""
+    lik = Softmax(3)
+    mu = np.array([[-500.0, 400.0, -300.0], [-428.1, 383.1, 44.9]])
+    var = np.array([[25000.0, 75000.0, 7.0], [2.9, 42181.3, 13372.5]])
+    draws = np.random.default_rng(5).standard_normal((10**6, 3))
+    for i in range(2):
+        f = mu[i] + np.sqrt(var[i]) * draws
+        prob = lik.predict_proba(mu[i:i + 1], var[i:i + 1])[0]
+        np.testing.assert_allclose(prob, softmax(f, axis=1).mean(0), atol=2e-3)
+        for y in range(3):
+            value, d_mu, d_var = lik.variational_expectations([y], mu[i:i + 1], var[i:i + 1])
+            assert np.all(np.isfinite(d_mu)) and np.all(np.isfinite(d_var))
+            reference = np.mean(f[:, y] - logsumexp(f, axis=1))
+            assert value[0] == pytest.approx(reference, rel=2e-3, abs=0.5)

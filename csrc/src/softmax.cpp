@@ -214,10 +214,38 @@ ClassTerms gumbel_terms(double u, double m, double var) {
   return {l, dm * inv_s, dv * 0.5 / var};
 }
 
+// Grid nodes u = log t beyond this have t = inf.
+constexpr double kExpOverflows = 709.0;
+
+// A narrow class's L(t) = sum_k w_k q_k, dL/dm and dL/dvar at u = log t on the wide grid
+// (q_k = exp(-t e_k), e_k = e^{m + s z_k}), in log space: t e_k = exp(u + m + s z_k). For the
+// grid nodes where t overflows (u > kExpOverflows; the wide grid reaches u ~ 8.5 sqrt(var) of
+// the wide classes), where a narrow class far below the top mean has e_k = 0 and t e_k was
+// inf * 0 = NaN (means (-500, 400, -300), variances (25000, 75000, 7): every output NaN).
+// dL/dm = -sum_k w_k (t e_k) q_k; dL/dvar = -sum_k w_k z_k (t e_k) q_k / (2 s), or below
+// kPriceVariance sum_k w_k (t e_k) q_k (t e_k - 1) / 2; a product with q_k = 0 is 0.
+ClassTerms narrow_terms(const NormalRule& rule, double u, double m, double var) {
+  const bool price = var < kPriceVariance;
+  const double s = std::sqrt(var);
+  const double* z = rule.z.data();
+  const double* w = rule.w.data();
+  double l = 0.0, tm = 0.0, n = 0.0;
+  for (int k = 0; k < rule.size(); ++k) {
+    const double log_te = u + m + s * z[k];
+    const double te = vmath::exp(log_te), q = vmath::exp(-te);
+    const double g = log_te > kExpOverflows ? 0.0 : te * q;  // t e_k q_k
+    l += w[k] * q;
+    tm += w[k] * g;
+    n += price ? w[k] * (g == 0.0 ? 0.0 : g * (te - 1.0)) : w[k] * z[k] * g;
+  }
+  return {l, -tm, price ? 0.5 * n : -0.5 * n / s};
+}
+
 // E[lse(f)] = shift + int (e^{-t} - prod_c L_c(t)) du (Frullani's integral with A = 1, in
 // units of e^shift), by the trapezoidal rule with step kStep on the wide grid; shift is a
 // multiple of kStep near max_c mu_c, so the grid moves onto itself with it. Wide classes take
-// L_c by gumbel_terms, the others by the Gauss-Hermite sums of class_sums. Also the sums of
+// L_c by gumbel_terms, the others by the Gauss-Hermite sums of class_sums (narrow_terms where
+// t overflows). Also the sums of
 // -dP/dmu_c and (when dvar is not null) -dP/dvar_c: dV/dmu_c (= E[softmax_c]) and dV/dvar_c.
 double wide_point(const NormalRule& rule, int C, const double* mu, const double* var, double* dmu,
                   double* dvar, double* work) {
@@ -258,8 +286,9 @@ double wide_point(const NormalRule& rule, int C, const double* mu, const double*
     const double u = j * kStep, t = std::exp(u);
     double P = 1.0;
     for (int ci = 0; ci < C; ++ci) {
-      if (var[ci] > kWideVariance) {
-        const ClassTerms c = gumbel_terms(u, m[ci], var[ci]);
+      if (var[ci] > kWideVariance || u > kExpOverflows) {
+        const ClassTerms c = var[ci] > kWideVariance ? gumbel_terms(u, m[ci], var[ci])
+                                                     : narrow_terms(rule, u, m[ci], var[ci]);
         L[ci] = c.l;
         dL_m[ci] = c.dm;
         dL_v[ci] = c.dvar;
