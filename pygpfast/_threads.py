@@ -1,5 +1,8 @@
 """Thread control: the core's OpenMP loops and the BLAS that pygpfast shares with scipy."""
 
+import numbers
+
+import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import _core
@@ -31,8 +34,9 @@ def set_num_threads(n=None):
     Results do not depend on the thread count beyond rounding.
     """
     global _blas_limiter
-    if n is not None and (not isinstance(n, (int,)) or isinstance(n, bool)):
+    if n is not None and (not isinstance(n, numbers.Integral) or isinstance(n, (bool, np.bool_))):
         raise ValueError(f"n must be an int or None, got {n!r}")
+    n = None if n is None else int(n)  # (numpy integers too)
     if _blas_limiter is not None:
         _blas_limiter.restore_original_limits()
         _blas_limiter = None

@@ -61,3 +61,13 @@ def check_same_dim(X, X2, name="X2"):
         raise ValueError(
             f"{name} has {X2.shape[1]} features but X has {X.shape[1]}; they must match"
         )
+
+
+def callback_says_stop(answer):
+    """Whether a user callback's return value asks the fit to stop (None or False: go on). A
+    value with no truth value of its own (an array of several entries) is a clear TypeError."""
+    try:
+        return bool(answer)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"callback must return a bool (True stops the fit) or None, got {answer!r}") from exc

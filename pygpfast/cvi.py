@@ -55,7 +55,7 @@ from . import _core
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from .exceptions import LinAlgError
-from ._validation import check_int
+from ._validation import callback_says_stop, check_int
 from .piecewise import llp_bound
 from .svgp import _default_kernel
 
@@ -621,7 +621,7 @@ class _VGPEstimator(BaseEstimator):
                       f"{time.perf_counter() - self._clock:.1f} s", flush=True)
             if self.callback is not None:
                 self._set_fitted(run, intermediate_result.x)  # (it may predict)
-                if self.callback(self, it, bound):
+                if callback_says_stop(self.callback(self, it, bound)):
                     raise StopIteration  # (L-BFGS-B then returns its current point)
 
         res = scipy.optimize.minimize(

@@ -32,7 +32,7 @@ from . import likelihoods as _likelihoods
 from ._streaming import check_rows, iter_blocks, minibatches
 from ._svgp_optim import StochasticTrainer, fit_lbfgs, power_of_two_unit
 from ._threads import get_num_threads
-from ._validation import as_matrix, as_vector, check_int, check_same_dim
+from ._validation import as_matrix, as_vector, callback_says_stop, check_int, check_same_dim
 from .exceptions import NumericalWarning
 
 __all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]
@@ -358,6 +358,8 @@ class _SVGPEstimator(BaseEstimator):
         self.history_ = []
         self._clock = time.perf_counter()
         self._rng, self._trainer, self.n_rows_seen_ = rs, None, N
+        if hasattr(self, "n_total_"):  # (partial_fit's; a fit weighs minibatches against N)
+            del self.n_total_
         if self.method == "mf":
             return self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
         optimizer = self._resolve_optimizer(N, streaming=False)
@@ -489,7 +491,7 @@ class _SVGPEstimator(BaseEstimator):
                 flush=True,
             )
         if self.callback is not None:
-            return bool(self.callback(self, it, elbo))
+            return callback_says_stop(self.callback(self, it, elbo))
         return False
 
     def _fit_mf(self, model, X, t):

@@ -176,6 +176,8 @@ def test_extreme_inputs_are_finite(lik):
     # A Poisson rate exp(500) has a variance beyond float64 (exp(1100)): only mu <= 50 is finite.
     finite = mu <= 50 if isinstance(lik, Poisson) else np.ones(mu.size, bool)
     assert np.all(np.isfinite(variance[finite]))
+    # Beyond the double range the variance is inf, not NaN (expm1(0) * inf * inf at var = 0).
+    assert not np.any(np.isnan(variance))
 
 
 def probit_curvature_lower_tail(f):

@@ -214,3 +214,21 @@ def test_a_fit_stopped_by_an_exception_leaves_the_estimator_unfitted(Estimator):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         assert est.set_params(callback=None).fit(X, y).predict(X).shape == (60,)
+
+
+def test_callback_answers_and_partial_fit_state():
+    # A callback returning an array hit numpy's "truth value ... is ambiguous" deep inside
+    # the fit; and partial_fit's n_total_ stayed on the estimator after a later fit.
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, 2)
+    y = (X[:, 0] > 0).astype(int)
+    with pytest.raises(TypeError, match="callback must return a bool"):
+        SVGPClassifier(n_inducing=10, callback=lambda e, i, v: np.array([False, False]),
+                       random_state=0).fit(X, y)
+    clf = SVGPClassifier(n_inducing=10, random_state=0)
+    clf.partial_fit(X, y, classes=[0, 1])
+    assert clf.n_total_ == 60
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.set_params(callback=lambda e, i, v: np.bool_(i >= 3)).fit(X, y)
+    assert not hasattr(clf, "n_total_") and clf.n_iter_ == 3

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import pygpfast
@@ -14,6 +15,8 @@ def test_set_and_get(restore_threads):
     assert pygpfast.get_num_threads() == 1
     pygpfast.set_num_threads(3)
     assert pygpfast.get_num_threads() == 3
+    pygpfast.set_num_threads(np.int64(2))  # (numpy integers were refused)
+    assert pygpfast.get_num_threads() == 2
     pygpfast.set_num_threads(None)
     assert pygpfast.get_num_threads() >= 1
 
@@ -26,7 +29,7 @@ def test_set_num_threads_limits_blas(restore_threads):
     assert blas and all(p["num_threads"] == 1 for p in blas)
 
 
-@pytest.mark.parametrize("bad", [1.5, "2", True])
+@pytest.mark.parametrize("bad", [1.5, "2", True, np.True_])
 def test_bad_thread_count(bad):
     with pytest.raises(ValueError):
         pygpfast.set_num_threads(bad)

@@ -382,7 +382,7 @@ void predict_mean_and_var(const Likelihood& lik, const double* mu, const double*
       for_each_point(n, 1, [&](index_t i) {
         const double m = std::exp(mu[i] + 0.5 * var[i]);
         mean[i] = m;
-        variance[i] = m + std::expm1(var[i]) * m * m;
+        variance[i] = m + (var[i] > 0.0 ? std::expm1(var[i]) * m * m : 0.0);  // (not 0 * inf)
       });
       return;
     case LikelihoodType::Softmax: {
