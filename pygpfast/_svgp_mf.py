@@ -226,19 +226,19 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         except _Stop:
             pass
         solve(False)  # a at the final Z and kernel
-        if res is not None and not res.success and res.nit >= max_iter:
-            warnings.warn(
-                f"SVGP (mf) L-BFGS-B stopped after max_iter={max_iter} iterations; "
-                "increase max_iter for a tighter fit",
-                ConvergenceWarning,
-                stacklevel=3,
-            )
+        # (stacklevel 5: this function, _fit_mf, _fit_encoded, fit, the caller)
+        if res is not None and not res.success:
+            reason = (f"stopped after max_iter={max_iter} iterations; increase max_iter for a "
+                      "tighter fit" if res.nit >= max_iter else
+                      f"gave up after {res.nit} iterations ({str(res.message).rstrip(': ')}); "
+                      "the fit may be far from the optimum")
+            warnings.warn(f"SVGP (mf) L-BFGS-B {reason}", ConvergenceWarning, stacklevel=5)
     if state["inner_failures"]:
         warnings.warn(
             f"SVGP (mf): the solve for the variational parameters a did not reach its tolerance "
             f"in {state['inner_failures']} evaluation(s); gradients there are approximate",
             ConvergenceWarning,
-            stacklevel=3,
+            stacklevel=5,
         )
     q_mu, q_sqrt = mf_posterior(kernel, Z, X, y, state["a"], jitter=jitter)
     return MFFit(a=state["a"], Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, bound=float(state["bound"]),

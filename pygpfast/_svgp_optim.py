@@ -349,6 +349,8 @@ class StochasticTrainer:
 
     #: Decay of Adam's step size on Z and the hyperparameters under natural gradients.
     HYPER_DECAY_STEPS = 100
+    #: Halvings of a Poisson natural step before q(u) is left unchanged (_checked_natural_step).
+    _MAX_HALVINGS = 30
 
     def __init__(self, model, *, optimizer, learning_rate, natgrad_step=None, train_Z=True,
                  train_hyper=True):
@@ -392,7 +394,6 @@ class StochasticTrainer:
         packer.commit(x)
         return total / n_steps, rows
 
-
     def _checked_natural_step(self, X_b, t_b, scale, hyper, value, g, rho, prior):
         """A natural step for a likelihood of unbounded curvature (Poisson: exp(f)), halved
         until the minibatch's ELBO does not fall. The step is Newton's on the expected
@@ -410,8 +411,6 @@ class StochasticTrainer:
             model.q_mu, model.q_sqrt = saved[0], saved[1]
             natgrad._prec, natgrad._shift, natgrad._written = saved[2:]
             rho *= 0.5
-
-    _MAX_HALVINGS = 30
 
 
 class _Stop(Exception):

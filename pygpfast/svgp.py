@@ -374,7 +374,7 @@ class _SVGPEstimator(BaseEstimator):
             if problem not in (None, "max_iter"):
                 warnings.warn(f"SVGP: {problem}; the fit may be far from the optimum (a "
                               "near-singular K(Z, Z)? larger jitter, distinct inducing_points or "
-                              "whiten=True can help)", ConvergenceWarning, stacklevel=2)
+                              "whiten=True can help)", ConvergenceWarning, stacklevel=3)
             self._set_model(model)
             self.elbo_ = model.elbo(X, t)[0]
             self.n_steps_ = self.n_iter_
@@ -391,7 +391,7 @@ class _SVGPEstimator(BaseEstimator):
                 f"the ELBO per row stopped improving by tol={self.tol:g}; increase max_iter for a "
                 "tighter fit",
                 ConvergenceWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         return self
 
