@@ -382,3 +382,30 @@ def test_mf_rejects_multiclass():
     y = np.arange(30) % 3
     with pytest.raises(ValueError, match="classes"):
         SVGPClassifier(method="mf", n_inducing=4).fit(X, y)
+
+
+@pytest.mark.parametrize("nit, match", [(0, "gave up after 0 iterations"), (5, "max_iter=5")])
+def test_lbfgs_stops_are_convergence_warnings_at_the_caller(monkeypatch, nit, match):
+    # An L-BFGS-B stop short of max_iter (a failed line search) counted as converged; both
+    # stops now warn, from the caller's line. scipy's result is replaced by an unsuccessful one.
+    import warnings
+
+    import scipy.optimize
+    from sklearn.exceptions import ConvergenceWarning
+
+    real = scipy.optimize.minimize
+
+    def failing(*args, **kwargs):
+        res = real(*args, **{**kwargs, "options": {**kwargs["options"], "maxiter": 1}})
+        res.success, res.nit, res.message = False, nit, "ABNORMAL: "
+        return res
+
+    monkeypatch.setattr(scipy.optimize, "minimize", failing)
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, 2)
+    y = (X[:, 0] > 0).astype(int)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pygpfast.SVGPClassifier(n_inducing=8, method="mf", max_iter=5, random_state=0).fit(X, y)
+    mine = [w for w in caught if issubclass(w.category, ConvergenceWarning) and match in str(w.message)]
+    assert mine and mine[0].filename == __file__
