@@ -251,6 +251,14 @@ class NaturalGradient:
             self._prec[l] = _flip(prec)
             self._shift[l] = (prec @ mu[:, l])[::-1]
 
+    def snapshot(self, model):
+        """The model's q and this object's cache, for :meth:`restore` (steps replace the
+        arrays, so references suffice)."""
+        return model.q_mu, model.q_sqrt, self._prec, self._shift, self._written
+
+    def restore(self, model, snapshot):
+        model.q_mu, model.q_sqrt, self._prec, self._shift, self._written = snapshot
+
     def step(self, model, d_m, d_S, rho, prior_prec=None):
         """One natural-gradient step of size rho in (0, 1] on the model's q, in place.
 
@@ -402,14 +410,13 @@ class StochasticTrainer:
         1e68 (the minibatch ELBO to -7e12). Costs one ELBO value per try (one, once q is near
         its optimum); after _MAX_HALVINGS q(u) is left unchanged."""
         model, natgrad = self.model, self.natgrad
-        saved = (model.q_mu, model.q_sqrt, natgrad._prec, natgrad._shift, natgrad._written)
+        before = natgrad.snapshot(model)
         for _ in range(self._MAX_HALVINGS + 1):
             natgrad.step(model, g["d_ell_m"], g["d_ell_S"], rho, prior)
             new_value = model.elbo(X_b, t_b, scale=scale, hyper=hyper)[0]
             if np.isfinite(new_value) and new_value >= value:
                 return
-            model.q_mu, model.q_sqrt = saved[0], saved[1]
-            natgrad._prec, natgrad._shift, natgrad._written = saved[2:]
+            natgrad.restore(model, before)
             rho *= 0.5
 
 

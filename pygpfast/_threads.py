@@ -2,7 +2,6 @@
 
 import numbers
 
-import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import _core
@@ -34,14 +33,14 @@ def set_num_threads(n=None):
     Results do not depend on the thread count beyond rounding.
     """
     global _blas_limiter
-    if n is not None and (not isinstance(n, numbers.Integral) or isinstance(n, (bool, np.bool_))):
-        raise ValueError(f"n must be an int or None, got {n!r}")
-    n = None if n is None else int(n)  # (numpy integers too)
+    if n is not None and (not isinstance(n, numbers.Integral) or isinstance(n, bool)):
+        raise ValueError(f"n must be an int or None, got {n!r}")  # (numpy integers pass)
     if _blas_limiter is not None:
         _blas_limiter.restore_original_limits()
         _blas_limiter = None
     if n is None or n <= 0:
         _core.set_num_threads(0)
         return
-    _core.set_num_threads(int(n))
-    _blas_limiter = threadpool_limits(limits=int(n), user_api="blas")
+    n = int(n)
+    _core.set_num_threads(n)
+    _blas_limiter = threadpool_limits(limits=n, user_api="blas")

@@ -541,6 +541,7 @@ class _VGPEstimator(BaseEstimator):
         try:
             theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
             info, alpha, lam = self._set_fitted(run, theta)
+            self._predictive_factor()
         except BaseException:  # (a callback may have set the attributes of a search that failed)
             self._forget()
             raise
@@ -574,10 +575,19 @@ class _VGPEstimator(BaseEstimator):
         self.bound_ = float(info["bound"])
         self.inference_info_ = {k: v for k, v in info.items() if k != "history"}
         self.alpha_, self.lambda_ = alpha, lam
-        codes, params = self.kernel_._spec(run.X.shape[1])
-        self.predictive_factor_ = _core.cvi_predictive_factor(codes, params, run.X, self.jitter, lam)
+        self.predictive_factor_ = None  # (_predictive_factor computes it when first needed)
         self.X_train_ = run.X
         return info, alpha, lam
+
+    def _predictive_factor(self):
+        """predictive_factor_, computed on first use after the posterior changed: fit computes
+        it once at the end, and a callback that does not predict skips its N^3 / 3 flops per
+        latent function (and K(X, X)) at every iteration of the search."""
+        if self.predictive_factor_ is None:
+            codes, params = self.kernel_._spec(self.X_train_.shape[1])
+            self.predictive_factor_ = _core.cvi_predictive_factor(
+                codes, params, self.X_train_, self.jitter, self.lambda_)
+        return self.predictive_factor_
 
     def _check_oa_optimum(self, hyper, X, t, alpha, lam, bound):
         """Warn when L-BFGS-B's relative-reduction stop left the bound short of its optimum.
@@ -659,7 +669,7 @@ class _VGPEstimator(BaseEstimator):
         X = validate_data(self, X, dtype=np.float64, order="C", reset=False)
         codes, params = self.kernel_._spec(X.shape[1])
         return _core.cvi_predict_f(codes, params, self.X_train_, self.mean_, self.alpha_,
-                                   self.lambda_, self.predictive_factor_, X)
+                                   self.lambda_, self._predictive_factor(), X)
 
 
 _COMMON_DOC = """

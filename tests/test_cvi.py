@@ -282,6 +282,7 @@ def test_callback_sees_the_current_posterior_and_can_stop(rng):
     assert not np.allclose(seen[0][3], seen[2][3])  # the posterior moved between iterations
     np.testing.assert_allclose(clf.predict_proba(X[:5])[:, 1], seen[2][3], rtol=1e-12)
     assert clf.bound_ == pytest.approx(seen[2][1], rel=1e-12)
+    assert clf.predictive_factor_.shape == (1, 60, 60)  # (fit leaves it computed)
     full = VGPClassifier().fit(X, y)
     assert full.n_iter_ > 3 and full.bound_ > clf.bound_
 

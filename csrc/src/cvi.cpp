@@ -797,12 +797,15 @@ bool pi_from_v_cancels(ConstMatrixView Sigma, const double* lam) {
   return large && !negative;
 }
 
-// F = the lower Cholesky factor of B = I + Lambda^1/2 Sigma Lambda^1/2 (zero above the diagonal),
-// lambda < 0 (rounding) counting as 0. B's eigenvalues are >= 1.
-void factor_site_matrix(ConstMatrixView Sigma, const double* lam, MatrixView F) {
-  const index_t N = Sigma.rows;
-  Buffer root(static_cast<std::size_t>(N));
+// root[i] = lambda_i^1/2, lambda < 0 (which rounding can leave) counting as 0.
+void site_roots(const double* lam, index_t N, double* root) {
   for (index_t i = 0; i < N; ++i) root[i] = std::sqrt(std::max(lam[i], 0.0));
+}
+
+// F = the lower Cholesky factor of B = I + Lambda^1/2 Sigma Lambda^1/2 (zero above the diagonal)
+// from root = site_roots(lambda). B's eigenvalues are >= 1.
+void factor_site_matrix(ConstMatrixView Sigma, const double* root, MatrixView F) {
+  const index_t N = Sigma.rows;
   for (index_t i = 0; i < N; ++i) {
     for (index_t j = 0; j <= i; ++j) F(i, j) = root[i] * Sigma(i, j) * root[j];
     F(i, i) += 1.0;
@@ -814,10 +817,12 @@ void factor_site_matrix(ConstMatrixView Sigma, const double* lam, MatrixView F) 
 
 // Pi's lower triangle into P (see pi_from_v_cancels), for lambda >= 0: Lambda^1/2 B^-1 Lambda^1/2.
 void pi_by_cholesky(ConstMatrixView Sigma, const double* lam, MatrixView P) {
-  factor_site_matrix(Sigma, lam, P);
+  Buffer root(static_cast<std::size_t>(Sigma.rows));
+  site_roots(lam, Sigma.rows, root.data());
+  factor_site_matrix(Sigma, root.data(), P);
   require(blas::potri_lower(P) == 0, "cvi: singular factor of I + Lambda^1/2 Sigma Lambda^1/2");
   for (index_t i = 0; i < Sigma.rows; ++i)
-    for (index_t j = 0; j <= i; ++j) P(i, j) *= std::sqrt(lam[i]) * std::sqrt(lam[j]);
+    for (index_t j = 0; j <= i; ++j) P(i, j) *= root[i] * root[j];
 }
 
 }  // namespace
@@ -944,10 +949,13 @@ double oa_objective(const LocalBound& lb, const double* y, ConstMatrixView Sigma
 void predictive_factor(const kernels::Kernel& kernel, ConstMatrixView X, double jitter,
                        const double* lambda, index_t L, double* F) {
   const index_t N = X.rows;
-  Buffer Sigma(static_cast<std::size_t>(N * N));
+  Buffer Sigma(static_cast<std::size_t>(N * N)), root(static_cast<std::size_t>(N));
   const MatrixView S(Sigma.data(), N, N);
   prior_covariance(kernel, X, jitter, S, nullptr);
-  for (index_t l = 0; l < L; ++l) factor_site_matrix(S, lambda + l * N, MatrixView(F + l * N * N, N, N));
+  for (index_t l = 0; l < L; ++l) {
+    site_roots(lambda + l * N, N, root.data());
+    factor_site_matrix(S, root.data(), MatrixView(F + l * N * N, N, N));
+  }
 }
 
 void predict_f(const kernels::Kernel& kernel, ConstMatrixView X, const double* mean,
@@ -969,7 +977,7 @@ void predict_f(const kernels::Kernel& kernel, ConstMatrixView X, const double* m
     kernel.Kdiag(Xc, kss.data());
     for (index_t l = 0; l < L; ++l) {
       blas::gemv(Trans::No, 1.0, K, alpha + l * N, 0.0, mu.data());
-      for (index_t n = 0; n < N; ++n) root[n] = std::sqrt(std::max(lambda[l * N + n], 0.0));
+      site_roots(lambda + l * N, N, root.data());
       for (index_t t = 0; t < rows; ++t)
         for (index_t n = 0; n < N; ++n) W(t, n) = K(t, n) * root[n];
       // Rows of W become (F_l^-1 Lambda^1/2 k_t)^T.

@@ -532,10 +532,7 @@ class Stationary final : public Node {
           const double t = w[j] == 0.0 ? 0.0 : w[j] * diff;
           sum += t;
           sum2 += w[j] == 0.0 ? 0.0 : t * diff;
-        }
-        if (col != nullptr) {
-#pragma omp simd
-          for (index_t j = 0; j < M; ++j) col[j] += w[j] == 0.0 ? 0.0 : w[j] * (a - b[j]);
+          if (col != nullptr) col[j] += t;
         }
         wd2[d] += sum2;
         if (dX != nullptr) (*dX)(i, d) += 2.0 * inv_lengthscale_[d] * sum;

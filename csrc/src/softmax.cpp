@@ -245,8 +245,7 @@ ClassTerms narrow_terms(const NormalRule& rule, double u, double m, double var) 
 // units of e^shift), by the trapezoidal rule with step kStep on the wide grid; shift is a
 // multiple of kStep near max_c mu_c, so the grid moves onto itself with it. Wide classes take
 // L_c by gumbel_terms, the others by the Gauss-Hermite sums of class_sums (narrow_terms where
-// t overflows). Also the sums of
-// -dP/dmu_c and (when dvar is not null) -dP/dvar_c: dV/dmu_c (= E[softmax_c]) and dV/dvar_c.
+// t overflows). Also the sums of -dP/dmu_c and (when dvar is not null) -dP/dvar_c: dV/dmu_c (= E[softmax_c]) and dV/dvar_c.
 double wide_point(const NormalRule& rule, int C, const double* mu, const double* var, double* dmu,
                   double* dvar, double* work) {
   const int K = rule.size();
@@ -287,8 +286,8 @@ double wide_point(const NormalRule& rule, int C, const double* mu, const double*
     double P = 1.0;
     for (int ci = 0; ci < C; ++ci) {
       if (var[ci] > kWideVariance || u > kExpOverflows) {
-        const ClassTerms c = var[ci] > kWideVariance ? gumbel_terms(u, m[ci], var[ci])
-                                                     : narrow_terms(rule, u, m[ci], var[ci]);
+        const bool wide = var[ci] > kWideVariance;
+        const ClassTerms c = wide ? gumbel_terms(u, m[ci], var[ci]) : narrow_terms(rule, u, m[ci], var[ci]);
         L[ci] = c.l;
         dL_m[ci] = c.dm;
         dL_v[ci] = c.dvar;

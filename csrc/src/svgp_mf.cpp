@@ -26,7 +26,6 @@ constexpr double kLogSqrt2Pi = 0.91893853320467274178;  // log(sqrt(2 pi))
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 constexpr double kInvSqrt2 = 0.70710678118654752440;    // 1 / sqrt(2)
 
-
 // Per-point loops are split across threads only when each thread gets this many points (a
 // point costs one erfc or continued fraction, a few Newton steps in the inner solve).
 constexpr index_t kMinPointsPerThread = 2048;

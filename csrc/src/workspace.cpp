@@ -27,8 +27,6 @@ struct Pool {
   std::size_t bytes = 0;
 };
 
-Pool* the_pool = nullptr;
-
 // Never destroyed, so that scratch arrays released during static destruction still find it
 // (the memory it holds goes back to the system with the process). A fork() while another
 // thread holds the mutex would leave it locked for good in the child (Python's os.fork and
@@ -37,12 +35,12 @@ Pool* the_pool = nullptr;
 // list consistent.
 Pool& pool() {
   static Pool* p = [] {
-    the_pool = new Pool();
 #if defined(__unix__) || defined(__APPLE__)
-    pthread_atfork([] { the_pool->mutex.lock(); }, [] { the_pool->mutex.unlock(); },
-                   [] { the_pool->mutex.unlock(); });
+    // (the handlers run only at a fork, after p is set)
+    pthread_atfork([] { pool().mutex.lock(); }, [] { pool().mutex.unlock(); },
+                   [] { pool().mutex.unlock(); });
 #endif
-    return the_pool;
+    return new Pool();
   }();
   return *p;
 }

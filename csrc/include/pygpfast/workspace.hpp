@@ -5,8 +5,9 @@
 // from 128 KiB up come from fresh mmap'ed (or, after glibc trims its heap, fresh sbrk'ed) pages,
 // which the kernel faults in and zeroes on first touch, every call: the SVGP step (D = 8,
 // B = 256, one thread, bench_core with glibc's mmap threshold fixed at 128 KiB) took 0.83 ms
-// at M = 64 and 8.75 ms at M = 256 that way, 0.50 and 6.17 ms with the cache. Arrays released here are kept (up to kCachedBytes in all, each at
-// most kLargestCached) and handed out again to a request of the same size, from any thread.
+// at M = 64 and 8.75 ms at M = 256 that way, 0.50 and 6.17 ms with the cache. Arrays released
+// here are kept (up to kCachedBytes in all, each at most kLargestCached) and handed out again to
+// a request of the same size, from any thread.
 // Requests under kSmallestCached go to malloc directly (its own bins serve them well).
 #pragma once
 
