@@ -64,7 +64,7 @@ def mf_bound(kernel, Z, X, y, a, *, jitter=1e-6, solve_a=False, with_grad=False)
     a : ndarray [N]
         Locations of the truncated Gaussians q(g_n) (the starting point when ``solve_a``).
     jitter : float
-        Added to the diagonal of K(Z, Z).
+        Added to the diagonal of K(Z, Z), relative to its mean diagonal.
     solve_a : bool
         Replace ``a`` by its optimum for this Z and kernel before evaluating.
     with_grad : bool

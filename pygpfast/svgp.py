@@ -57,7 +57,7 @@ class SVGP:
     whiten : bool
         Parameterise q through v = Lz^-1 u with p(v) = N(0, I) (default; better conditioned).
     jitter : float
-        Added to the diagonal of Kzz.
+        Added to the diagonal of Kzz, relative to its mean diagonal.
     """
 
     def __init__(self, kernel, likelihood, Z, q_mu=None, q_sqrt=None, *, whiten=True, jitter=1e-6):
@@ -72,7 +72,7 @@ class SVGP:
         if q_mu is None:
             q_mu = np.zeros(mu_shape)
         if q_sqrt is None:
-            prior = np.eye(M) if self.whiten else np.linalg.cholesky(self.kernel(self.Z) + self.jitter * np.eye(M))
+            prior = np.eye(M) if self.whiten else np.linalg.cholesky(self._jittered(self.kernel(self.Z)))
             q_sqrt = np.broadcast_to(prior, sqrt_shape)
         self.q_mu = _as_array(q_mu, "q_mu", mu_shape)
         self.q_sqrt = np.tril(_as_array(q_sqrt, "q_sqrt", sqrt_shape))
@@ -135,9 +135,14 @@ class SVGP:
         (at the hyperparameters ``hyper`` of :meth:`elbo` when given)."""
         M = self.Z.shape[0]
         codes, params = (self.core_hyper() if hyper is None else hyper)[0]
-        Kzz = _core.kernel_K(codes, params, self.Z, None)
-        Kzz.flat[:: M + 1] += self.jitter
+        Kzz = self._jittered(_core.kernel_K(codes, params, self.Z, None))
         return cho_solve(cho_factor(Kzz, lower=True), np.eye(M))
+
+    def _jittered(self, Kzz):
+        """Kzz [M, M] with the jitter added in place, relative to its mean diagonal, as the core
+        adds it."""
+        Kzz.flat[:: len(Kzz) + 1] += self.jitter * np.mean(np.diag(Kzz))
+        return Kzz
 
     def predict_f(self, Xnew):
         """Mean and variance of q(f) at Xnew [T, D]: [T] each (L = 1) or [T, L]; O(M^2) per point."""
@@ -589,7 +594,8 @@ _COMMON_DOC = """
     optimize_hyperparameters : bool, default True
         Learn the kernel and likelihood parameters.
     jitter : float, default 1e-6
-        Added to the diagonal of K(Z, Z).
+        Added to the diagonal of K(Z, Z), relative to its mean diagonal (so that it means the same
+        whatever the units of the targets; GPflow's jitter is absolute).
     random_state : int, RandomState or None
         Seeds the subsample and k-means of the initialisation and the minibatch order.
     verbose : int or bool, default 0

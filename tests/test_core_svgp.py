@@ -7,6 +7,7 @@ import scipy.linalg
 from scipy.special import log_ndtr
 
 from pygpfast import _core, kernels, likelihoods
+from dense import jittered
 
 GH_X, GH_W = np.polynomial.hermite.hermgauss(20)
 
@@ -14,7 +15,7 @@ GH_X, GH_W = np.polynomial.hermite.hermgauss(20)
 def ref_ell(kernel, Z, X, y, m, S, whiten, scale, jitter):
     """scale * sum_n E[log Phi((2y - 1) f_n)] with q(u) = N(m, S) (q(v) when whitened)."""
     M = Z.shape[0]
-    Kzz = kernel(Z) + jitter * np.eye(M)
+    Kzz = jittered(kernel(Z), jitter)
     Lz = np.linalg.cholesky(Kzz)
     A = scipy.linalg.solve_triangular(Lz, kernel(Z, X), lower=True)
     if not whiten:  # the same marginals from u-space parameters
@@ -36,7 +37,7 @@ def test_natural_outputs_match_finite_differences(rng, whiten):
     m = 0.3 * rng.standard_normal(M)
     L = np.tril(0.2 * rng.standard_normal((M, M))) + 0.7 * np.eye(M)
     if not whiten:
-        L = np.linalg.cholesky(kernel(Z) + jitter * np.eye(M)) @ L
+        L = np.linalg.cholesky(jittered(kernel(Z), jitter)) @ L
     S = L @ L.T
     lik = likelihoods.Bernoulli("probit")
     codes, params = kernel._spec(D)
@@ -78,7 +79,7 @@ def test_natural_outputs_gaussian_closed_form(rng):
     _, _, _, _, (d_m, d_S, _, _, _) = _core.svgp_elbo(
         codes, params, *lik._core_args(), Z, m, L, True, X, y, 2.0, 1e-6, True, natural=True
     )
-    Lz = np.linalg.cholesky(kernel(Z) + 1e-6 * np.eye(M))
+    Lz = np.linalg.cholesky(jittered(kernel(Z), 1e-6))
     A = scipy.linalg.solve_triangular(Lz, kernel(Z, X), lower=True)
     np.testing.assert_allclose(d_S, 2.0 * (-0.5 / 0.2) * A @ A.T, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(d_m, 2.0 * A @ ((y - A.T @ m) / 0.2), rtol=1e-12, atol=1e-14)
@@ -93,7 +94,7 @@ def path_problem(rng, M, B, D=2, lengthscale=1.2, whiten=True):
     m = 0.3 * rng.standard_normal(M)
     L = np.tril(0.1 * rng.standard_normal((M, M)), -1) + np.diag(0.4 + 0.5 * rng.random(M))
     if not whiten:
-        L = np.linalg.cholesky(kernel(Z) + 1e-6 * np.eye(M)) @ L
+        L = np.linalg.cholesky(jittered(kernel(Z), 1e-6)) @ L
     return X, y, Z, kernel, m, L
 
 
@@ -113,7 +114,7 @@ def test_paths_agree(rng, whiten, natural):
     assert (solve[5], pre[5]) == ("solve", "precomputed")
     # The paths round differently, and the precomputed one loses ~log10(cond(Kzz)) digits
     # (svgp.hpp); unwhitened gradients pass once more through Lz^-T.
-    cond = np.linalg.cond(kernel(Z) + 1e-6 * np.eye(len(Z)))
+    cond = np.linalg.cond(jittered(kernel(Z), 1e-6))
     rtol = 1e-13 * cond * (1.0 if whiten else np.sqrt(cond))
     np.testing.assert_allclose(pre[0], solve[0], rtol=1e-12)
     for a, b in zip(pre[4][:4], solve[4][:4]):
@@ -181,6 +182,26 @@ def test_gradients_through_kzz_at_several_cholesky_blocks(rng, path, whiten):
     assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-6 * abs(value(0.0)))
 
 
+@pytest.mark.parametrize("whiten", [True, False])
+def test_relative_jitter_is_differentiated(rng, whiten):
+    """The jitter is jitter x mean(diag Kzz), so the kernel's gradient has a share through it,
+    made visible here by a large jitter (0.3 x the variance on Kzz's diagonal)."""
+    X, y, Z, kernel, m, L = path_problem(rng, M=6, B=40, D=2, whiten=whiten)
+    _, ell, _, _, (_, _, d_Z, d_kern, _), _ = elbo_by_path(kernel, Z, m, L, whiten, X, y, "solve", jitter=0.3)
+    S = L @ L.T
+    assert ell == pytest.approx(ref_ell(kernel, Z, X, y, m, S, whiten, 3.0, 0.3), rel=1e-10)
+    dlog = rng.standard_normal(kernel.n_params)
+
+    def value(t):
+        k = kernels.RBF(variance=1.1, lengthscale=np.full(2, 1.2))
+        k.params = kernel.params * np.exp(t * dlog)
+        return elbo_by_path(k, Z, m, L, whiten, X, y, "solve", jitter=0.3)[0]
+
+    h = 1e-5
+    numeric = (value(h) - value(-h)) / (2 * h)
+    assert np.sum(d_kern * kernel.params * dlog) == pytest.approx(numeric, rel=1e-7)
+
+
 def test_auto_picks_the_cheaper_path(rng):
     X, y, Z, kernel, m, L = path_problem(rng, M=8, B=400)
     assert elbo_by_path(kernel, Z, m, L, True, X, y, "auto")[5] == "precomputed"
@@ -212,7 +233,7 @@ def test_blocks_add_up(rng, restore_threads, threads):
     solve = elbo_by_path(kernel, Z, m, L, True, X, y, "solve", natural=True)
     pre = elbo_by_path(kernel, Z, m, L, True, X, y, "precomputed", natural=True)
     assert pre[5] == "precomputed"
-    Lz = np.linalg.cholesky(kernel(Z) + 1e-6 * np.eye(M))
+    Lz = np.linalg.cholesky(jittered(kernel(Z), 1e-6))
     A = scipy.linalg.solve_triangular(Lz, kernel(Z, X), lower=True)
     mu = A.T @ m
     var = kernel.diag(X) - (A * A).sum(0) + ((L.T @ A) ** 2).sum(0)

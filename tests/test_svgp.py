@@ -11,6 +11,7 @@ from scipy.special import gammaln, log_ndtr
 import pygpfast
 from pygpfast import kernels, likelihoods
 from pygpfast.svgp import SVGP, SVGPClassifier, SVGPRegressor
+from dense import jittered
 
 GH_X, GH_W = np.polynomial.hermite.hermgauss(20)
 
@@ -29,7 +30,7 @@ def ref_expectation(name, y, mu, var, noise=1.0):
 
 def ref_elbo(kernel, name, noise, Z, q_mu, q_sqrt, whiten, X, y, scale, jitter):
     M = Z.shape[0]
-    Kzz = kernel(Z) + jitter * np.eye(M)
+    Kzz = jittered(kernel(Z), jitter)
     Kzx = kernel(Z, X)
     kxx = kernel.diag(X)
     Lz = np.linalg.cholesky(Kzz)
@@ -141,7 +142,7 @@ def test_gradients_match_finite_differences(rng, name, whiten):
 def optimal_gaussian_q(kernel, Z, X, y, noise, jitter):
     """The optimal whitened q(v) for a Gaussian likelihood (full batch)."""
     M = Z.shape[0]
-    Lz = np.linalg.cholesky(kernel(Z) + jitter * np.eye(M))
+    Lz = np.linalg.cholesky(jittered(kernel(Z), jitter))
     A = scipy.linalg.solve_triangular(Lz, kernel(Z, X), lower=True)
     Sigma = np.linalg.inv(np.eye(M) + A @ A.T / noise)
     m = Sigma @ A @ y / noise
@@ -178,7 +179,7 @@ def test_inducing_at_data_gives_exact_marginal_likelihood(rng):
         if whiten:
             q_mu, q_sqrt = m, L
         else:
-            Lz = np.linalg.cholesky(kernel(X) + jitter * np.eye(25))
+            Lz = np.linalg.cholesky(jittered(kernel(X), jitter))
             q_mu, q_sqrt = Lz @ m, Lz @ L
         model = SVGP(kernel, likelihoods.Gaussian(variance=noise), X, q_mu, q_sqrt, whiten=whiten,
                      jitter=jitter)
@@ -192,7 +193,7 @@ def test_predict_f_matches_reference(rng):
     for whiten in (True, False):
         model = SVGP(kernel, likelihoods.Bernoulli(), Z, q_mu, q_sqrt, whiten=whiten)
         mean, var = model.predict_f(Xs)
-        Kzz = kernel(Z) + 1e-6 * np.eye(len(Z))
+        Kzz = jittered(kernel(Z), 1e-6)
         Kzs = kernel(Z, Xs)
         S = q_sqrt @ q_sqrt.T
         if whiten:

@@ -13,6 +13,7 @@ import pygpfast
 from pygpfast import _core, kernels
 from pygpfast._svgp_mf import mf_bound, mf_posterior
 from pygpfast.svgp import SVGPClassifier, SVGPRegressor
+from dense import jittered
 
 JITTER = 1e-6
 
@@ -20,7 +21,7 @@ JITTER = 1e-6
 # ---------------------------------------------------------------- dense reference
 def dense_parts(kernel, Z, X, jitter=JITTER):
     """Q = Kxz Kzz^-1 Kzx, C = Q + I and C^-1 as N x N matrices."""
-    Kzz = kernel(Z) + jitter * np.eye(len(Z))
+    Kzz = jittered(kernel(Z), jitter)
     Kzx = kernel(Z, X)
     Q = Kzx.T @ np.linalg.solve(Kzz, Kzx)
     C = Q + np.eye(len(X))
@@ -154,6 +155,23 @@ def test_gradients_match_finite_differences(rng):
     def at_params(p):
         kernel.params = p
         value = bound(kernel, Z, X, y, a)[0]
+        kernel.params = p0
+        return value
+
+    np.testing.assert_allclose(g["kernel"], fd(at_params, p0), rtol=1e-6, atol=1e-8)
+
+
+def test_relative_jitter_is_differentiated(rng):
+    # The jitter is jitter x mean(diag Kzz): the kernel's gradient includes its share, which a
+    # large jitter makes visible (0.3 x the variance on Kzz's diagonal).
+    X, y, Z, kernel, a = make_problem(rng)
+    value, _, g, _ = bound(kernel, Z, X, y, a, jitter=0.3, with_grad=True)
+    np.testing.assert_allclose(value, ref_bound_eq12(kernel, Z, X, y, a, jitter=0.3), rtol=1e-10)
+    p0 = kernel.params
+
+    def at_params(p):
+        kernel.params = p
+        value = bound(kernel, Z, X, y, a, jitter=0.3)[0]
         kernel.params = p0
         return value
 

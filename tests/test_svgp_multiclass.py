@@ -10,6 +10,7 @@ import pytest
 from pygpfast import kernels, likelihoods
 from pygpfast._svgp_optim import NaturalGradient, Packer
 from pygpfast.svgp import SVGP, SVGPClassifier
+from dense import jittered
 
 C = 3
 
@@ -30,7 +31,7 @@ def small_model(rng, whiten, M=5):
     q_mu = 0.3 * rng.standard_normal((M, C))
     q_sqrt = np.stack([np.tril(0.1 * rng.standard_normal((M, M)), -1) + 0.8 * np.eye(M) for _ in range(C)])
     if not whiten:
-        q_sqrt = np.linalg.cholesky(kernel(Z) + 1e-6 * np.eye(M)) @ q_sqrt
+        q_sqrt = np.linalg.cholesky(jittered(kernel(Z), 1e-6)) @ q_sqrt
     return SVGP(kernel, likelihoods.Softmax(C), Z, q_mu, q_sqrt, whiten=whiten), X, y
 
 
@@ -38,7 +39,7 @@ def small_model(rng, whiten, M=5):
 def test_multi_latent_natural_step_matches_dense_update(rng, whiten):
     model, X, y = small_model(rng, whiten)
     # the prior precision built here, not by the code under test
-    P = np.eye(5) if whiten else np.linalg.inv(model.kernel(model.Z) + model.jitter * np.eye(5))
+    P = np.eye(5) if whiten else np.linalg.inv(jittered(model.kernel(model.Z), model.jitter))
     ng = NaturalGradient()
     for rho in (0.4, 0.8):
         m0 = model.q_mu.copy()

@@ -16,6 +16,7 @@ from pygpfast import kernels, likelihoods
 from pygpfast._svgp_optim import Adadelta, Adam, NaturalGradient, Packer
 from pygpfast.exceptions import NumericalWarning
 from pygpfast.svgp import SVGP, SVGPClassifier, SVGPRegressor
+from dense import jittered
 
 
 def regression_problem(rng, N=60, M=9):
@@ -28,7 +29,7 @@ def regression_problem(rng, N=60, M=9):
 def titsias(kernel, Z, X, y, noise, jitter):
     """The optimal whitened q(v) = N(m, Sigma) and Titsias' collapsed bound (seed 000 eq. 6)."""
     M, N = Z.shape[0], X.shape[0]
-    Lz = np.linalg.cholesky(kernel(Z) + jitter * np.eye(M))
+    Lz = np.linalg.cholesky(jittered(kernel(Z), jitter))
     A = scipy.linalg.solve_triangular(Lz, kernel(Z, X), lower=True)
     Sigma = np.linalg.inv(np.eye(M) + A @ A.T / noise)
     m = Sigma @ A @ y / noise
@@ -80,7 +81,7 @@ def test_natural_step_matches_dense_natural_parameter_update(rng, whiten, link):
     Z = rng.standard_normal((6, 2))
     kernel = kernels.Matern52(variance=1.5, lengthscale=np.array([0.9, 1.3]))
     jitter = 1e-6
-    Kzz = kernel(Z) + jitter * np.eye(6)
+    Kzz = jittered(kernel(Z), jitter)
     P = np.eye(6) if whiten else np.linalg.inv(Kzz)
     q_mu, q_sqrt = random_q(rng, 6, scale=0.8)
     if not whiten:

@@ -769,12 +769,9 @@ void prior_covariance(const kernels::Kernel& kernel, ConstMatrixView X, double j
   require(S.rows == N && S.cols == N, "cvi: the prior covariance must be [N, N]");
   require(jitter >= 0.0 && std::isfinite(jitter), "cvi: jitter must be >= 0");
   kernel.K(X, X, true, S);
-  double mean_diag = 0.0;
-  for (index_t i = 0; i < N; ++i) {
-    mean_diag += S(i, i);
-    if (diag != nullptr) diag[i] = S(i, i);
-  }
-  for (index_t i = 0; i < N; ++i) S(i, i) += jitter * mean_diag / static_cast<double>(N);
+  if (diag != nullptr)
+    for (index_t i = 0; i < N; ++i) diag[i] = S(i, i);
+  linalg::add_relative_jitter(S, jitter);
 }
 
 namespace {

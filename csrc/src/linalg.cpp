@@ -160,6 +160,21 @@ void symmetrise(MatrixView A) {
   visit_strict_lower(A.rows, [&](index_t i, index_t j) noexcept { A(i, j) = A(j, i) = 0.5 * (A(i, j) + A(j, i)); });
 }
 
+double add_relative_jitter(MatrixView A, double relative) {
+  double mean_diag = 0.0;
+  for (index_t i = 0; i < A.rows; ++i) mean_diag += A(i, i) / static_cast<double>(A.rows);
+  const double jitter = relative * mean_diag;
+  for (index_t i = 0; i < A.rows; ++i) A(i, i) += jitter;
+  return jitter;
+}
+
+void add_relative_jitter_reverse(MatrixView G, double relative) {
+  double trace = 0.0;
+  for (index_t i = 0; i < G.rows; ++i) trace += G(i, i);
+  const double d = relative * trace / static_cast<double>(G.rows);
+  for (index_t i = 0; i < G.rows; ++i) G(i, i) += d;
+}
+
 double fixed_order_sum(const double* x, index_t n) {
   double s = 0.0;
   for (index_t i = 0; i < n; ++i) s += x[i];

@@ -48,7 +48,7 @@ void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatr
                                     std::to_string(i) + "); S = L L^T must be positive definite");
 }
 
-// Lz with Lz Lz^T = K(Z, Z) + jitter I, and K(Z, Z) itself in `Kzz` when not null. Returns the
+// Lz with Lz Lz^T = K(Z, Z) + jitter mean(diag K(Z, Z)) I, and K(Z, Z) itself in `Kzz` when not null. Returns the
 // extra jitter escalation needed.
 double inducing_cholesky(const kernels::Kernel& kernel, ConstMatrixView Z, double jitter,
                          Scratch& Lz, Buffer* Kzz = nullptr) {
@@ -57,7 +57,7 @@ double inducing_cholesky(const kernels::Kernel& kernel, ConstMatrixView Z, doubl
   MatrixView L(Lz.data(), M, M);
   kernel.K(Z, Z, true, L);
   if (Kzz != nullptr) Kzz->assign(Lz.data(), Lz.data() + M * M);
-  for (index_t i = 0; i < M; ++i) L(i, i) += jitter;
+  linalg::add_relative_jitter(L, jitter);
   return linalg::cholesky_jitter(L).jitter;
 }
 
@@ -713,6 +713,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     }
   }
   linalg::cholesky_reverse(LzV, dLzV);  // (reads the lower triangle) now d/dKzz
+  linalg::add_relative_jitter_reverse(dLzV, jitter);
 
   // Kernel: through Kzx (the blocks' shares), Kzz and diag K(X).
   std::copy(p.dkernel.begin(), p.dkernel.end(), grads->kernel);

@@ -110,7 +110,7 @@ void check_inputs(const kernels::Kernel& kernel, ConstMatrixView Z, const Data& 
 // Everything that depends on (kernel, Z, X) but not on a.
 struct Factors {
   index_t M = 0, N = 0;
-  Buffer Lz;    // [M, M] lower Cholesky factor of Kzz + jitter I
+  Buffer Lz;    // [M, M] lower Cholesky factor of Kzz + jitter mean(diag Kzz) I
   Buffer A;     // [M, N] Lz^-1 Kzx
   Buffer Lb;    // [M, M] lower Cholesky factor of Bm = I + A A^T
   Buffer W;     // [M, N] Lb^-1 A, so that C^-1 = I - W^T W
@@ -133,7 +133,7 @@ void factorise(const kernels::Kernel& kernel, ConstMatrixView Z, ConstMatrixView
   f.Lz.assign(static_cast<std::size_t>(M * M), 0.0);
   MatrixView Lz(f.Lz.data(), M, M);
   kernel.K(Z, Z, true, Lz);
-  for (index_t i = 0; i < M; ++i) Lz(i, i) += jitter;
+  linalg::add_relative_jitter(Lz, jitter);
   f.jitter = linalg::cholesky_jitter(Lz).jitter;
 
   f.A.resize(static_cast<std::size_t>(M * N));
@@ -348,6 +348,7 @@ Result bound(const kernels::Kernel& kernel, ConstMatrixView Z, const Data& data,
       dKzzV(i, j) = v;
       dKzzV(j, i) = v;
     }
+  linalg::add_relative_jitter_reverse(dKzzV, jitter);
 
   const index_t P = kernel.num_params();
   std::fill(grads->kernel, grads->kernel + P, 0.0);

@@ -20,6 +20,15 @@ struct CholeskyResult {
 CholeskyResult cholesky_jitter(MatrixView A, double initial_relative_jitter = 1e-10,
                                double max_relative_jitter = 1e-4);
 
+// Adds `relative` x mean(diag A) to the diagonal of a square A (a jitter in the matrix's own
+// units, so that it means the same for a kernel of variance 1e-9 as for one of variance 1e9);
+// returns the amount added.
+double add_relative_jitter(MatrixView A, double relative);
+
+// Reverse mode of add_relative_jitter: given G = dE/dA' for A' = A + c(A) I, c = relative x
+// mean(diag A), makes G dE/dA by adding relative x trace(G) / n to its diagonal.
+void add_relative_jitter_reverse(MatrixView G, double relative);
+
 // Solve op(L) X = B in place for lower-triangular L (B is n x r).
 void solve_lower(ConstMatrixView L, MatrixView B, bool transpose);
 

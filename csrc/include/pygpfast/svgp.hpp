@@ -87,8 +87,9 @@ struct Result {
   double jitter = 0.0;            // extra jitter the Cholesky of Kzz needed beyond `jitter`
 };
 
-// Evaluate the ELBO, and its gradients when `grads` is not null. `jitter` is added to the
-// diagonal of Kzz (absolute, as in GPflow's default 1e-6). The likelihood's latent_dim must
+// Evaluate the ELBO, and its gradients when `grads` is not null. `jitter` x mean(diag Kzz) is
+// added to the diagonal of Kzz (relative, so that it means the same in any units of the targets;
+// GPflow's 1e-6 is absolute, and swamps a kernel of variance 1e-8). The likelihood's latent_dim must
 // equal q.num_latent().
 Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, const Variational& q,
             const Batch& batch, double jitter, Gradients* grads, Path path = Path::Auto);

@@ -61,7 +61,7 @@ struct Result {
 // The bound of eq. (12) at (Z, a) and, when `grads` is not null, its gradients with respect to
 // a, Z and the kernel parameters. When `solve` is not null, `a` is first replaced in place by
 // the optimal a (the input a is the starting point), and the bound and gradients are those at
-// the optimum. `jitter` is added to the diagonal of Kzz (absolute).
+// the optimum. `jitter` x mean(diag Kzz) is added to the diagonal of Kzz.
 Result bound(const kernels::Kernel& kernel, ConstMatrixView Z, const Data& data, double* a,
              double jitter, const InnerSolve* solve, Gradients* grads);
 
