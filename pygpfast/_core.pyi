@@ -75,7 +75,8 @@ def svgp_elbo(
     natural: bool = False,
     path: str = "auto",
     return_path: bool = False,
-) -> tuple: ...  # (elbo, ell, kl, extra_jitter, grads | None[, path])
+    prior_mean: F64 | None = None,
+) -> tuple: ...  # (elbo, ell, kl, extra_jitter, grads | None[, path]); grads ends with d_prior_mean
 def svgp_predict_f(
     codes: NDArray[np.int32],
     params: F64,
@@ -85,6 +86,7 @@ def svgp_predict_f(
     whiten: bool,
     Xnew: F64,
     jitter: float,
+    prior_mean: F64 | None = None,
 ) -> tuple[F64, F64, float]: ...
 
 # piecewise bounds on llp(x) = log(1 + e^x)

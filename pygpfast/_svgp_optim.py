@@ -65,8 +65,10 @@ class Packer:
     """Map the trainable parameters of an SVGP model to one unconstrained vector and back.
 
     Layout: q_mu [M, L] (row-major), the lower triangles of q_sqrt [L, M, M], Z [M, D]
-    divided by :attr:`z_scale`, log kernel parameters [P], log likelihood parameters. Groups
-    can be left out (frozen, or moved by another optimiser such as natural gradients for q).
+    divided by :attr:`z_scale`, the constant prior mean [L] (when the model has one), log
+    kernel parameters [P], log likelihood parameters. Groups can be left out (frozen, or moved
+    by another optimiser such as natural gradients for q); the prior mean is trained with the
+    hyperparameters.
 
     Scale: Z is packed in units of the spread (standard deviation) of its columns at
     construction (1 where a column does not vary), and the log hyperparameters are bounded by
@@ -90,8 +92,10 @@ class Packer:
         self.n_lik = model.likelihood.n_params if train_hyper else 0
         n_q = self.M * self.L + self.L * len(self.tril[0]) if train_q else 0
         n_Z = self.M * self.D if train_Z else 0
-        self.size = n_q + n_Z + self.n_kern + self.n_lik
-        self._hyper_start = n_q + n_Z
+        self.n_mean = self.L if train_hyper and model.prior_mean is not None else 0
+        self._mean_start = n_q + n_Z
+        self._hyper_start = self._mean_start + self.n_mean
+        self.size = self._hyper_start + self.n_kern + self.n_lik
         self._fixed_hyper = model.core_hyper()
         self.z_scale = column_spread(model.Z)
         # Box constraints (on the log positive parameters, none elsewhere).
@@ -113,6 +117,8 @@ class Packer:
             parts += [mu.ravel(), sq[:, self.tril[0], self.tril[1]].ravel()]
         if self.train_Z:
             parts.append((m.Z / self.z_scale).ravel())
+        if self.n_mean:
+            parts.append(m.prior_mean)
         if self.train_hyper:
             parts += [m.kernel.theta, m.likelihood.theta]
         return np.concatenate(parts) if parts else np.zeros(0)
@@ -132,6 +138,8 @@ class Packer:
             i += L * n_tril
         if self.train_Z:
             m.Z = x[i : i + M * self.D].reshape(M, self.D) * self.z_scale
+        if self.n_mean:
+            m.prior_mean = x[self._mean_start : self._hyper_start].copy()
         if not self.train_hyper:
             return self._fixed_hyper
         (codes, _), lik = self._fixed_hyper
@@ -156,6 +164,8 @@ class Packer:
             parts += [mu.ravel(), sq[:, self.tril[0], self.tril[1]].ravel()]
         if self.train_Z:
             parts.append((g["Z"] * self.z_scale).ravel())
+        if self.n_mean:
+            parts.append(g["prior_mean"])
         if self.train_hyper:
             # theta = log(params): d/dtheta = params * d/dparams
             parts += [g["kernel"], g["likelihood"]]

@@ -42,8 +42,8 @@ def test_natural_outputs_match_finite_differences(rng, whiten):
     lik = likelihoods.Bernoulli("probit")
     codes, params = kernel._spec(D)
     args = (codes, params, *lik._core_args(), Z, m, L, whiten, X, y, scale, jitter, True)
-    _, _, _, _, (d_m, d_S, d_Z, d_kern, _) = _core.svgp_elbo(*args, natural=True)
-    _, _, _, _, (_, _, d_Z_plain, d_kern_plain, _) = _core.svgp_elbo(*args)
+    _, _, _, _, (d_m, d_S, d_Z, d_kern, _, _) = _core.svgp_elbo(*args, natural=True)
+    _, _, _, _, (_, _, d_Z_plain, d_kern_plain, _, _) = _core.svgp_elbo(*args)
     np.testing.assert_array_equal(d_Z, d_Z_plain)
     np.testing.assert_array_equal(d_kern, d_kern_plain)
     np.testing.assert_array_equal(d_S, d_S.T)
@@ -76,7 +76,7 @@ def test_natural_outputs_gaussian_closed_form(rng):
     lik = likelihoods.Gaussian(variance=0.2)
     codes, params = kernel._spec(D)
     m, L = np.zeros(M), np.eye(M)
-    _, _, _, _, (d_m, d_S, _, _, _) = _core.svgp_elbo(
+    _, _, _, _, (d_m, d_S, _, _, _, _) = _core.svgp_elbo(
         codes, params, *lik._core_args(), Z, m, L, True, X, y, 2.0, 1e-6, True, natural=True
     )
     Lz = np.linalg.cholesky(jittered(kernel(Z), 1e-6))
@@ -124,7 +124,7 @@ def test_paths_agree(rng, whiten, natural):
 @pytest.mark.parametrize("whiten", [True, False])
 def test_precomputed_gradients_match_finite_differences(rng, whiten):
     X, y, Z, kernel, m, L = path_problem(rng, M=5, B=40, whiten=whiten)
-    _, _, _, _, (d_m, d_L, d_Z, d_kern, _), path = elbo_by_path(kernel, Z, m, L, whiten, X, y, "precomputed")
+    _, _, _, _, (d_m, d_L, d_Z, d_kern, _, _), path = elbo_by_path(kernel, Z, m, L, whiten, X, y, "precomputed")
     assert path == "precomputed"
 
     def value(m_=m, L_=L, Z_=Z, kern=kernel):
@@ -166,7 +166,7 @@ def test_gradients_through_kzz_at_several_cholesky_blocks(rng, path, whiten):
     along a random direction."""
     M = 150
     X, y, Z, kernel, m, L = path_problem(rng, M=M, B=400, D=3, lengthscale=1.5, whiten=whiten)
-    _, _, _, _, (_, _, d_Z, d_kern, _), used = elbo_by_path(kernel, Z, m, L, whiten, X, y, path, jitter=1e-4)
+    _, _, _, _, (_, _, d_Z, d_kern, _, _), used = elbo_by_path(kernel, Z, m, L, whiten, X, y, path, jitter=1e-4)
     assert used == path
     dZ = rng.standard_normal(Z.shape)
     dlog = rng.standard_normal(kernel.n_params)
@@ -187,7 +187,7 @@ def test_relative_jitter_is_differentiated(rng, whiten):
     """The jitter is jitter x mean(diag Kzz), so the kernel's gradient has a share through it,
     made visible here by a large jitter (0.3 x the variance on Kzz's diagonal)."""
     X, y, Z, kernel, m, L = path_problem(rng, M=6, B=40, D=2, whiten=whiten)
-    _, ell, _, _, (_, _, d_Z, d_kern, _), _ = elbo_by_path(kernel, Z, m, L, whiten, X, y, "solve", jitter=0.3)
+    _, ell, _, _, (_, _, _, d_kern, _, _), _ = elbo_by_path(kernel, Z, m, L, whiten, X, y, "solve", jitter=0.3)
     S = L @ L.T
     assert ell == pytest.approx(ref_ell(kernel, Z, X, y, m, S, whiten, 3.0, 0.3), rel=1e-10)
     dlog = rng.standard_normal(kernel.n_params)

@@ -9,7 +9,7 @@ import scipy.linalg
 from scipy.special import gammaln, log_ndtr
 
 import pygpfast
-from pygpfast import kernels, likelihoods
+from pygpfast import _core, kernels, likelihoods
 from pygpfast.svgp import SVGP, SVGPClassifier, SVGPRegressor
 from dense import jittered
 
@@ -28,7 +28,7 @@ def ref_expectation(name, y, mu, var, noise=1.0):
     return logp @ GH_W / np.sqrt(np.pi)
 
 
-def ref_elbo(kernel, name, noise, Z, q_mu, q_sqrt, whiten, X, y, scale, jitter):
+def ref_elbo(kernel, name, noise, Z, q_mu, q_sqrt, whiten, X, y, scale, jitter, prior_mean=0.0):
     M = Z.shape[0]
     Kzz = jittered(kernel(Z), jitter)
     Kzx = kernel(Z, X)
@@ -50,7 +50,7 @@ def ref_elbo(kernel, name, noise, Z, q_mu, q_sqrt, whiten, X, y, scale, jitter):
             np.trace(Kinv @ S) + q_mu @ Kinv @ q_mu - M
             + np.linalg.slogdet(Kzz)[1] - np.linalg.slogdet(S)[1]
         )
-    return scale * ref_expectation(name, y, mu, var, noise).sum() - kl
+    return scale * ref_expectation(name, y, mu + prior_mean, var, noise).sum() - kl
 
 
 LIKELIHOODS = {
@@ -106,6 +106,36 @@ def _fd_check(model, X, y, scale, attr_get, attr_set, analytic, eps=1e-5, rtol=2
         num.reshape(-1)[i] = (fp - fm) / (2 * eps)
     attr_set(x0)
     np.testing.assert_allclose(analytic, num, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("name", ["poisson", "probit"])
+def test_constant_prior_mean(rng, name, whiten):
+    """f = prior_mean + a zero-mean GP: the ELBO against the dense reference with the marginal
+    means shifted, its gradient against finite differences on both marginal paths, and the
+    predictions shifted by it (the KL, about u's deviation from the mean, is unchanged)."""
+    X, y, Z, kernel, q_mu, q_sqrt = make_problem(rng, name, B=40)
+    model = SVGP(kernel, LIKELIHOODS[name](), Z, q_mu, q_sqrt, whiten=whiten, prior_mean=[0.7])
+    value, g = model.elbo(X, y, scale=2.5, with_grad=True)
+    ref = ref_elbo(kernel, name, 0.3, Z, q_mu, q_sqrt, whiten, X, y, 2.5, 1e-6, prior_mean=0.7)
+    np.testing.assert_allclose(value, ref, rtol=1e-10)
+    _fd_check(model, X, y, 2.5, lambda: model.prior_mean, lambda v: setattr(model, "prior_mean", v),
+              g["prior_mean"])
+    codes, params = kernel._spec(2)
+    for path in ("solve", "precomputed"):
+        *_, grads, used = _core.svgp_elbo(codes, params, *model.likelihood._core_args(), Z, q_mu, q_sqrt,
+                                         whiten, X, y, 2.5, 1e-6, True, path=path, return_path=True,
+                                         prior_mean=model.prior_mean)
+        assert used == path
+        np.testing.assert_allclose(grads[5], g["prior_mean"], rtol=1e-9)
+    mean, var = model.predict_f(X[:7])
+    zero = SVGP(kernel, LIKELIHOODS[name](), Z, q_mu, q_sqrt, whiten=whiten)
+    mean0, var0 = zero.predict_f(X[:7])
+    np.testing.assert_allclose(mean, mean0 + 0.7, rtol=1e-13)
+    np.testing.assert_array_equal(var, var0)
+    with pytest.raises(ValueError, match="prior_mean"):
+        _core.svgp_elbo(codes, params, *model.likelihood._core_args(), Z, q_mu, q_sqrt, whiten, X, y,
+                        1.0, 1e-6, False, prior_mean=np.array([np.nan]))
 
 
 @pytest.mark.parametrize("whiten", [True, False])

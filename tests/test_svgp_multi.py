@@ -66,7 +66,7 @@ def test_multi_latent_elbo_matches_reference(rng, whiten):
 def test_multi_latent_gradients_match_finite_differences(rng, whiten):
     X, y, Z, kernel, q_mu, q_sqrt = make_problem(rng)
     lik = likelihoods.Softmax(C)
-    _, _, _, _, (d_mu, d_sqrt, d_Z, d_kern, _) = core_elbo(kernel, lik, Z, q_mu, q_sqrt, whiten, X, y, 3.0)
+    _, _, _, _, (d_mu, d_sqrt, d_Z, d_kern, _, _) = core_elbo(kernel, lik, Z, q_mu, q_sqrt, whiten, X, y, 3.0)
     assert d_mu.shape == q_mu.shape and d_sqrt.shape == q_sqrt.shape
     assert np.all(np.triu(d_sqrt, 1) == 0)
 
@@ -99,6 +99,28 @@ def test_multi_latent_gradients_match_finite_differences(rng, whiten):
             vals.append(_core.svgp_elbo(codes, pp, kind, variance, n_gh, num_classes, Z, q_mu, q_sqrt, whiten,
                                         X, y, 3.0, 1e-6, False)[0])
         np.testing.assert_allclose(d_kern[p], (vals[0] - vals[1]) / (2 * eps), rtol=2e-5, atol=2e-6)
+
+
+def test_multi_latent_prior_mean(rng):
+    """One constant prior mean per latent function: its gradient [C] against finite differences,
+    and predict_f's means shifted by it column by column."""
+    X, y, Z, kernel, q_mu, q_sqrt = make_problem(rng)
+    lik = likelihoods.Softmax(C)
+    codes, params = kernel._spec(Z.shape[1])
+    prior_mean = np.array([0.5, -1.0, 2.0])
+
+    def elbo(pm, with_grad=False):
+        return _core.svgp_elbo(codes, params, *lik._core_args(), Z, q_mu, q_sqrt, True, X, y, 3.0, 1e-6,
+                               with_grad, prior_mean=pm)
+
+    d_mean = elbo(prior_mean, with_grad=True)[4][5]
+    eps = 1e-6
+    fd = [(elbo(prior_mean + eps * e)[0] - elbo(prior_mean - eps * e)[0]) / (2 * eps) for e in np.eye(C)]
+    np.testing.assert_allclose(d_mean, fd, rtol=2e-6, atol=1e-7)
+    mean, var, _ = _core.svgp_predict_f(codes, params, Z, q_mu, q_sqrt, True, X, 1e-6, prior_mean=prior_mean)
+    mean0, var0, _ = _core.svgp_predict_f(codes, params, Z, q_mu, q_sqrt, True, X, 1e-6)
+    np.testing.assert_allclose(mean, mean0 + prior_mean, rtol=1e-13, atol=1e-15)
+    np.testing.assert_array_equal(var, var0)
 
 
 def test_single_latent_shapes_equal_one_column(rng):

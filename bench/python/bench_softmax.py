@@ -70,7 +70,7 @@ def fit(X, y, C, M, max_iter, n_gh):
     def objective(x):
         q_mu, q_sqrt = unpack(x)
         codes, params = kernel._spec(X.shape[1])
-        value, _, _, _, (d_mu, d_sqrt, _, d_kern, _) = _core.svgp_elbo(
+        value, _, _, _, (d_mu, d_sqrt, _, d_kern, _, _) = _core.svgp_elbo(
             codes, params, *lik._core_args(), Z, q_mu, q_sqrt, True, X, y, 1.0, 1e-6, True)
         g = np.concatenate([d_mu.ravel(), d_sqrt[:, tril[0], tril[1]].ravel(), d_kern * params])
         return -value, -g

@@ -46,6 +46,9 @@ void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatr
       if (q.q_sqrt[(l * M + i) * M + i] == 0.0)
         throw std::invalid_argument("svgp: q_sqrt[" + std::to_string(l) + "] has a zero on its diagonal (row " +
                                     std::to_string(i) + "); S = L L^T must be positive definite");
+  if (q.mean != nullptr)
+    for (index_t l = 0; l < L; ++l)
+      require(std::isfinite(q.mean[l]), "svgp: prior_mean[", l, "] = ", q.mean[l], " must be finite");
 }
 
 // Lz with Lz Lz^T = K(Z, Z) + jitter mean(diag K(Z, Z)) I, and K(Z, Z) itself in `Kzz` when not null. Returns the
@@ -191,13 +194,14 @@ struct Partials {
   // Precomputed blocks: d/dSigma_l and d/dbeta.
   Buffer dSigma, dbeta;
   bool any_solve = false;
-  // Kernel parameters, Z (through Kzx) and the likelihood variance.
-  Buffer dkernel, dZ;
+  // Kernel parameters, Z (through Kzx), the constant means and the likelihood variance.
+  Buffer dkernel, dZ, dmean;
   double dlik = 0.0;
 
   // Zeros every buffer (keeping its size) for the next block.
   void zero() {
-    for (Buffer* b : {&dmw, &dLw, &dSw, &dLz, &dSigma, &dbeta, &dkernel, &dZ}) std::fill(b->begin(), b->end(), 0.0);
+    for (Buffer* b : {&dmw, &dLw, &dSw, &dLz, &dSigma, &dbeta, &dkernel, &dZ, &dmean})
+      std::fill(b->begin(), b->end(), 0.0);
     dlik = 0.0;
     any_solve = false;
   }
@@ -212,6 +216,7 @@ struct Partials {
     add_to(dbeta, o.dbeta);
     add_to(dkernel, o.dkernel);
     add_to(dZ, o.dZ);
+    add_to(dmean, o.dmean);
     dlik += o.dlik;
     any_solve = any_solve || o.any_solve;
   }
@@ -267,6 +272,9 @@ class BlockEvaluator {
       part.any_solve = true;
     }
 
+    if (q_.mean != nullptr)
+      for (index_t n = 0; n < nb; ++n)
+        for (index_t l = 0; l < L; ++l) mu[n * L + l] += q_.mean[l];
     likelihoods::variational_expectations(lik_, batch_.y + n0, mu, var, nb, f_ + n0, gmu_ + n0 * L,
                                           gvar_ + n0 * L, gpar_ + n0);
     if (!wants_.grads) return;
@@ -276,6 +284,9 @@ class BlockEvaluator {
       gmu[i] *= batch_.scale;
       gvar[i] *= batch_.scale;
     }
+    if (part.dmean.empty()) part.dmean.assign(static_cast<std::size_t>(L), 0.0);
+    for (index_t n = 0; n < nb; ++n)
+      for (index_t l = 0; l < L; ++l) part.dmean[l] += gmu[n * L + l];
     part.dlik += batch_.scale * fixed_order_sum(gpar_ + n0, nb);
     MatrixView dK = precomputed ? precomputed_reverse(K, w, gmu, gvar, part) : solve_reverse(nb, w, gmu, gvar, part);
 
@@ -725,6 +736,8 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   for (index_t i = 0; i < M; ++i)
     for (index_t d = 0; d < D; ++d) grads->Z(i, d) += dZ2[i * D + d];
   if (grads->likelihood_variance != nullptr) *grads->likelihood_variance = p.dlik;
+  if (grads->mean != nullptr)
+    for (index_t l = 0; l < L; ++l) grads->mean[l] = p.dmean.empty() ? 0.0 : p.dmean[l];
   return res;
 }
 
@@ -767,6 +780,9 @@ double predict_f(const kernels::Kernel& kernel, const Variational& q, ConstMatri
       column_sums_of_squares(TV, t2.data());
       for (index_t i = 0; i < n; ++i) var(start + i, l) = std::max(kdiag[i] - a2[i] + t2[i], 0.0);
     }
+    if (q.mean != nullptr)
+      for (index_t i = 0; i < n; ++i)
+        for (index_t l = 0; l < L; ++l) mean(start + i, l) += q.mean[l];
   }
   return extra;
 }

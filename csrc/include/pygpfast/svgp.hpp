@@ -50,6 +50,9 @@ struct Variational {
   ConstMatrixView q_mu;     // [M, L] variational means, one column per latent function
   const double* q_sqrt = nullptr;  // [L, M, M] contiguous; lower triangles read, upper ignored
   bool whiten = true;
+  // [L] constant prior mean of each latent function (f_l = mean_l + a zero-mean GP, u_l and its
+  // prior taken about mean_l); null for zero.
+  const double* mean = nullptr;
   index_t num_latent() const { return q_mu.cols; }
 };
 
@@ -67,6 +70,7 @@ struct Gradients {
   MatrixView Z;             // [M, D]
   double* kernel = nullptr; // [P] w.r.t. the kernel's positive parameters
   double* likelihood_variance = nullptr;  // scalar; Gaussian noise variance (0 for others)
+  double* mean = nullptr;   // [L] w.r.t. Variational::mean (= sum_n d ELL / d mu_n,l, scaled)
   // For natural-gradient steps on q: the gradients of the scaled expected log-likelihood alone
   // (the KL term excluded) with respect to the mean m_l and the covariance S_l = L_l L_l^T of
   // q, in the coordinates of q (v when whitened, u otherwise):
@@ -94,7 +98,8 @@ struct Result {
 Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, const Variational& q,
             const Batch& batch, double jitter, Gradients* grads, Path path = Path::Auto);
 
-// Marginals of q(f) at new inputs: mean [T, L], var [T, L] (no likelihood noise).
+// Marginals of q(f) at new inputs: mean [T, L] (q.mean included), var [T, L] (no likelihood
+// noise).
 // Returns the extra jitter the Cholesky of Kzz needed.
 double predict_f(const kernels::Kernel& kernel, const Variational& q, ConstMatrixView Xnew,
                  double jitter, MatrixView mean, MatrixView var);
