@@ -295,9 +295,11 @@ class Softmax(Likelihood):
     Gauss-Hermite rule no longer resolves ``exp(-t e^f)`` (errors of 2.5e-3 at variance 30 and
     4e-2 at 1000 against Monte Carlo): a point with such a class takes ``E[exp(-t e^{f_c})]``
     in its Gumbel form ``E_W[Phi((W - log t - mu_c) / sqrt(var_c))]`` (W standard Gumbel-min,
-    a 20-point Gauss rule for its density), accurate to the outer rule's floor at any variance,
-    at 10 times the cost of a point below 10 at variance 12, and more as the variance grows
-    (150 times at 1000).
+    a 20-point Gauss rule for its density), accurate to the outer rule's floor at any variance.
+    A point whose classes all have variances above 10 costs about 5 times one below 10,
+    whatever the variances (1e-14 relative in the value at 10^12); one that mixes classes
+    below and above 10 costs more as the largest variance grows (150 times at 1000), and one
+    with variances beyond ~1e7 beside a class below 10 is refused (ValueError).
 
     Parameters
     ----------

@@ -274,8 +274,9 @@ def test_two_classes_at_large_variances(big):
     """Above variance 10 a class's inner integral takes the Gumbel form (softmax.hpp). C = 2
     against adaptive quadrature of the logistic integral in d = f1 - f0 ~ N(mu1 - mu0, var0 +
     var1), with one or both classes wide: the value, both gradients and the predictions agree
-    to the outer rule's floor (~1e-8 in the value, 1e-7 in the rest). The Gauss-Hermite rule alone erred by 2.5e-3 in the
-    probabilities at variance 30 and 4e-2 at 1000, and its value was wrong at 1e4."""
+    to the outer rule's floor (~1e-9 in the value with a narrow class, 1e-13 relative without
+    one; 1e-7 in the rest). The Gauss-Hermite rule alone erred by 2.5e-3 in the probabilities at
+    variance 30 and 4e-2 at 1000, and its value was wrong at 1e4."""
     mu = np.array([[0.4, -1.3], [2.0, 2.5], [-3.0, 4.0]])
     var = np.array([[big, 0.7], [big, big], [0.0, big]])
     y = np.array([1.0, 0.0, 1.0])
@@ -287,12 +288,53 @@ def test_two_classes_at_large_variances(big):
         sign = 1.0 if y[i] == 1 else -1.0
         e_log, p1, pq = logistic_moments(sign * (mu[i, 1] - mu[i, 0]), var[i].sum())
         p1 = p1 if sign > 0 else 1.0 - p1  # E[sigmoid(f1 - f0)] = P(y = 1)
-        np.testing.assert_allclose(value[i], e_log, atol=2e-8)
+        # (The fine grid's trapezoidal sum of e^-t exceeded its integral by 3.5e-9 in every wide
+        # point; every class wide, e^-t is gone; with a narrow class, the excess is subtracted.)
+        tol = 1e-13 * max(1.0, abs(e_log)) if var[i].min() > 10 else 3e-9
+        np.testing.assert_allclose(value[i], e_log, rtol=0, atol=tol)
         np.testing.assert_allclose(d_mu[i], np.array([1.0 - y[i], y[i]]) - np.array([1 - p1, p1]),
                                    atol=3e-7)
         np.testing.assert_allclose(d_var[i], -0.5 * pq, atol=3e-7)
         np.testing.assert_allclose(proba[i], [1 - p1, p1], atol=3e-7)
         np.testing.assert_allclose(log_density[i], np.log([1 - p1, p1][int(y[i])]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("big", [1e7, 1e9, 1e12])
+def test_all_wide_points_at_any_variance(big):
+    """Every class above variance 10: the grid's step follows the smallest standard deviation,
+    so variances of 1e8 and beyond are integrated (the fine grid was capped at 2^17 nodes,
+    ~1e7, and gave probabilities [1, 0, 0] where Monte Carlo gives [4e-5, 2e-3, 0.998]). C = 2
+    against the logistic integral; C = 3 against 10^6 Monte Carlo draws."""
+    mu = np.array([[2.0, 2.5], [-3e3, 4e3]])
+    var = np.array([[big, big], [big, 0.3 * big]])
+    y = np.array([0.0, 1.0])
+    lik = Softmax(2)
+    value, d_mu, d_var = lik.variational_expectations(y, mu, var)
+    proba = lik.predict_proba(mu, var)
+    for i in range(2):
+        sign = 1.0 if y[i] == 1 else -1.0
+        e_log, p1, pq = logistic_moments(sign * (mu[i, 1] - mu[i, 0]), var[i].sum())
+        p1 = p1 if sign > 0 else 1.0 - p1
+        np.testing.assert_allclose(value[i], e_log, rtol=2e-12)
+        np.testing.assert_allclose(d_mu[i], np.array([1.0 - y[i], y[i]]) - np.array([1 - p1, p1]), atol=1e-13)
+        np.testing.assert_allclose(d_var[i], -0.5 * pq, rtol=1e-6, atol=1e-20)
+        np.testing.assert_allclose(proba[i], [1 - p1, p1], atol=1e-13)
+    mu3 = np.array([-67462.8, 15873.6, 51589.2])
+    var3 = np.array([9.03e8, 1.224e8, 3.856e7])
+    f = mu3 + np.sqrt(var3) * np.random.default_rng(3).standard_normal((10**6, 3))
+    counts = np.bincount(f.argmax(1), minlength=3) / len(f)  # softmax = argmax at this scale
+    np.testing.assert_allclose(Softmax(3).predict_proba(mu3[None], var3[None])[0], counts, atol=2e-4)
+
+
+def test_narrow_class_beside_classes_too_wide_for_the_grid_is_refused():
+    # A class of variance <= 10 keeps the fine step, so the grid would need ~2.6e6 nodes: refused
+    # rather than cut short (which gave silently wrong values).
+    lik = Softmax(3)
+    mu, var = np.array([[0.0, 1.0, 2.0]]), np.array([[1.0, 1e10, 1e9]])
+    with pytest.raises(ValueError, match="quadrature nodes.*standardise the inputs"):
+        lik.variational_expectations([0], mu, var)
+    with pytest.raises(ValueError, match="latent variances from 1 to 10000000000"):
+        lik.predict_proba(mu, var)
 
 
 def test_large_variance_derivatives_and_the_switch_at_ten(rng):

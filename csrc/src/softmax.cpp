@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "pygpfast/errors.hpp"
 #include "pygpfast/quadrature.hpp"
 #include "pygpfast/threads.hpp"
 #include "pygpfast/vmath.hpp"
@@ -60,11 +63,28 @@ constexpr double kGumbelWeight[kGumbelPoints] = {
     0.3414531234992858, 0.1874442294637708, 0.03365329807049004, 0.001056595327909205};
 // The wide grid covers u = log t from where every 1 - L_c(t) and t are below ~1e-15 to where
 // every P(t) and e^-t are (kWideReach standard deviations beyond each class's mean, and
-// kWideMargin more for the double-exponential terms); at most kMaxWideNodes nodes (latent
-// variances up to ~10^7).
+// kWideMargin more for the double-exponential terms).
 constexpr double kWideReach = 8.5;
 constexpr double kWideMargin = 35.0;
-constexpr int kMaxWideNodes = 1 << 17;
+// When every class is wide, e^-t (a step of width ~1 at u = 0, the one feature that needs the
+// fine step) is replaced by Phi(-u / s_min), s_min the smallest class standard deviation:
+// int (e^-t - 1{u < 0}) du = -gamma (Euler's constant) and int (1{u < 0} - Phi(-u / s)) du = 0,
+// so E[lse] = shift - gamma + int (Phi(-u / s_min) - P) du, whose integrand varies on the scale
+// s_min and more slowly: the trapezoidal rule's error there is of order
+// exp(-2 pi^2 s_min^2 / h^2), 1e-34 with h = s_min / 2 (the step used, and at least kStep).
+// Without it, latent variances of 1e8 needed ~3e5 nodes of step 1/2, beyond the former cap of
+// 2^17, and predictions came out [1, 0, 0] where Monte Carlo gives [4e-5, 2e-3, 0.998].
+constexpr double kWideStepPerStd = 0.5;
+constexpr double kEulerGamma = 0.57721566490153286061;
+// With a class of variance <= kWideVariance the grid keeps step kStep and e^-t, on nodes at the
+// multiples of kStep: there the trapezoidal sum kStep sum_j (e^{-e^{j kStep}} - 1{j < 0} -
+// 1{j = 0} / 2) exceeds its integral -gamma by this much (the first aliasing term of e^{-e^u},
+// about 2 |Gamma(4 pi i)|; summed in long double), which every such point's E[lse] carried.
+constexpr double kTrapezoidExcess = 3.4815648524409194e-09;
+// At most this many nodes on the wide grid (a point's cost is about C x 20 erfc per node): a
+// point with a class of variance <= kWideVariance (so the fine step) beside classes of
+// variance ~1e7 needs more, and is refused (ValueError) rather than integrated wrongly.
+constexpr int kMaxWideNodes = 1 << 18;
 // |zeta| beyond which Phi(zeta) is 0 or 1 and phi(zeta) 0 to within 1e-17.
 constexpr double kPhiSaturates = 8.5;
 
@@ -241,19 +261,56 @@ ClassTerms narrow_terms(const NormalRule& rule, double u, double m, double var) 
   return {l, -tm, price ? 0.5 * n : -0.5 * n / s};
 }
 
+// The wide grid of a point: nodes u_j = j h for j_lo <= j <= j_hi, in units of e^shift (shift
+// a multiple of kStep near max_c mu_c, so that with h = kStep the grid moves onto itself with
+// it); `smooth` when every class is wide (Phi(-u / s_min) replaces e^-t, see kWideStepPerStd).
+struct WideGrid {
+  double shift = 0.0, h = kStep, s_min = 0.0;
+  bool smooth = false;
+  long long j_lo = 0, j_hi = 0;
+
+  WideGrid(int C, const double* mu, const double* var) {
+    double top = -std::numeric_limits<double>::infinity();
+    smooth = true;
+    s_min = std::numeric_limits<double>::infinity();
+    for (int ci = 0; ci < C; ++ci) {
+      top = std::max(top, mu[ci]);
+      smooth = smooth && var[ci] > kWideVariance;
+      s_min = std::min(s_min, std::sqrt(var[ci]));
+    }
+    shift = kStep * std::floor(top / kStep);
+    double lo = -kWideMargin, hi = std::numeric_limits<double>::infinity();
+    for (int ci = 0; ci < C; ++ci) {
+      const double m = mu[ci] - shift, reach = kWideReach * std::sqrt(var[ci]);
+      lo = std::min(lo, -kWideMargin - m - reach);
+      hi = std::min(hi, -m + reach + 5.0);
+    }
+    hi = std::max(hi, 4.0);
+    if (smooth) {  // Phi(-u / s_min) is 1 or 0 to within 1e-17 beyond kWideReach s_min
+      h = std::max(kStep, kWideStepPerStd * s_min);
+      lo = std::min(lo, -kWideReach * s_min);
+      hi = std::max(hi, kWideReach * s_min);
+    }
+    j_lo = static_cast<long long>(std::floor(lo / h));
+    j_hi = static_cast<long long>(std::ceil(hi / h));
+  }
+
+  bool too_long() const { return j_hi - j_lo > kMaxWideNodes; }
+};
+
 // E[lse(f)] = shift + int (e^{-t} - prod_c L_c(t)) du (Frullani's integral with A = 1, in
-// units of e^shift), by the trapezoidal rule with step kStep on the wide grid; shift is a
-// multiple of kStep near max_c mu_c, so the grid moves onto itself with it. Wide classes take
-// L_c by gumbel_terms, the others by the Gauss-Hermite sums of class_sums (narrow_terms where
-// t overflows). Also the sums of -dP/dmu_c and (when dvar is not null) -dP/dvar_c: dV/dmu_c (= E[softmax_c]) and dV/dvar_c.
+// units of e^shift), by the trapezoidal rule on the wide grid (or its smooth form, see
+// kWideStepPerStd). Wide classes take L_c by gumbel_terms, the others by the Gauss-Hermite
+// sums of class_sums (narrow_terms where t overflows). Also the sums of -dP/dmu_c and (when
+// dvar is not null) -dP/dvar_c: dV/dmu_c (= E[softmax_c]) and dV/dvar_c. The grid must not be
+// too_long() (check_wide_points).
 double wide_point(const NormalRule& rule, int C, const double* mu, const double* var, double* dmu,
                   double* dvar, double* work) {
   const int K = rule.size();
   const double* z = rule.z.data();
   const double* w = rule.w.data();
-  double top = -std::numeric_limits<double>::infinity();
-  for (int ci = 0; ci < C; ++ci) top = std::max(top, mu[ci]);
-  const double shift = kStep * std::floor(top / kStep);
+  const WideGrid grid(C, mu, var);
+  const double shift = grid.shift, h = grid.h;
   double* m = work;              // [C] mu_c - shift
   double* L = m + C;             // [C]
   double* dL_m = L + C;          // [C]
@@ -262,27 +319,23 @@ double wide_point(const NormalRule& rule, int C, const double* mu, const double*
   double* e = prefix + C;        // [C, K] the Gauss-Hermite classes' e^{f - shift} at the nodes
   double* we = e + C * K;        // [C, K] w e
   double* wze = we + C * K;      // [C, K] w z e
-  double lo = -kWideMargin, hi = std::numeric_limits<double>::infinity();
   for (int ci = 0; ci < C; ++ci) {
     m[ci] = mu[ci] - shift;
-    const double s = std::sqrt(var[ci]), reach = kWideReach * s;
-    lo = std::min(lo, -kWideMargin - m[ci] - reach);
-    hi = std::min(hi, -m[ci] + reach + 5.0);
     if (var[ci] > kWideVariance) continue;
+    const double s = std::sqrt(var[ci]);
     for (int k = 0; k < K; ++k) {
       e[ci * K + k] = vmath::exp(m[ci] + s * z[k]);
       we[ci * K + k] = w[k] * e[ci * K + k];
       wze[ci * K + k] = z[k] * we[ci * K + k];
     }
   }
-  hi = std::max(hi, 4.0);
-  const int j_lo = static_cast<int>(std::floor(lo / kStep));
-  const int j_hi = std::min(static_cast<int>(std::ceil(hi / kStep)), j_lo + kMaxWideNodes);
   std::fill(dmu, dmu + C, 0.0);
   if (dvar != nullptr) std::fill(dvar, dvar + C, 0.0);
+  constexpr double kInvSqrt2 = 0.70710678118654752440;
+  const double control_scale = kInvSqrt2 / grid.s_min;
   double vsum = 0.0;
-  for (int j = j_lo; j <= j_hi; ++j) {
-    const double u = j * kStep, t = std::exp(u);
+  for (long long j = grid.j_lo; j <= grid.j_hi; ++j) {
+    const double u = static_cast<double>(j) * h, t = std::exp(u);
     double P = 1.0;
     for (int ci = 0; ci < C; ++ci) {
       if (var[ci] > kWideVariance || u > kExpOverflows) {
@@ -305,7 +358,7 @@ double wide_point(const NormalRule& rule, int C, const double* mu, const double*
       prefix[ci] = P;
       P *= L[ci];
     }
-    vsum += std::exp(-t) - P;
+    vsum += (grid.smooth ? 0.5 * std::erfc(u * control_scale) : std::exp(-t)) - P;
     double suffix = 1.0;
     for (int ci = C - 1; ci >= 0; --ci) {
       const double others = prefix[ci] * suffix;
@@ -315,10 +368,30 @@ double wide_point(const NormalRule& rule, int C, const double* mu, const double*
     }
   }
   for (int ci = 0; ci < C; ++ci) {
-    dmu[ci] *= kStep;
-    if (dvar != nullptr) dvar[ci] *= kStep;
+    dmu[ci] *= h;
+    if (dvar != nullptr) dvar[ci] *= h;
   }
-  return shift + kStep * vsum;
+  return shift + (grid.smooth ? -kEulerGamma : -kTrapezoidExcess) + h * vsum;
+}
+
+// Throws std::invalid_argument for a point whose wide grid would be too_long().
+void check_wide_points(int C, const double* mu, const double* var, index_t n) {
+  for (index_t i = 0; i < n; ++i) {
+    const double* v = var + i * C;
+    if (!is_wide(C, v) || !WideGrid(C, mu + i * C, v).too_long()) continue;
+    double lo = v[0], hi = v[0];
+    for (int ci = 1; ci < C; ++ci) {
+      lo = std::min(lo, v[ci]);
+      hi = std::max(hi, v[ci]);
+    }
+    throw std::invalid_argument(
+        "softmax: point " + std::to_string(i) + " has latent variances from " + format_value(lo) + " to " +
+        format_value(hi) + ": a class of variance <= " +
+        format_value(kWideVariance) + " beside classes this wide needs more than " +
+        std::to_string(kMaxWideNodes) +
+        " quadrature nodes. Such variances are far beyond the data's scale: check the kernel (e.g. a "
+        "Linear kernel on unscaled features) and standardise the inputs");
+  }
 }
 
 // Workspace of one point (doubles).
@@ -534,6 +607,7 @@ void variational_expectations(int num_classes, int n_gh, const double* y, const 
                               const double* var, index_t n, double* value, double* dmu, double* dvar) {
   const NormalRule rule(n_gh);
   const index_t C = num_classes;
+  check_wide_points(num_classes, mu, var, n);
   for_each_point(n, work_size(num_classes, rule.size()), [&](index_t i, double* work) {
     expectation_point(rule, num_classes, static_cast<int>(y[i]), mu + i * C, var + i * C, value + i,
                       dmu + i * C, dvar + i * C, work);
@@ -544,6 +618,7 @@ void log_class_probabilities(int num_classes, int n_gh, const double* mu, const 
                              index_t n, double* log_prob) {
   const NormalRule rule(n_gh);
   const index_t C = num_classes;
+  check_wide_points(num_classes, mu, var, n);
   for_each_point(n, work_size(num_classes, rule.size()), [&](index_t i, double* work) {
     log_probabilities_point(rule, num_classes, mu + i * C, var + i * C, log_prob + i * C, work);
   });
