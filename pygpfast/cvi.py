@@ -261,7 +261,9 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
     block_size : int
         Coordinates per BLAS-3 block of Algorithm 1 (1: literal rank-one updates).
     skip_tol : float
-        Algorithm 1 leaves a coordinate whose variance would change by less than this fraction.
+        Algorithm 1 leaves a coordinate whose variance would change by less than this fraction
+        (not with the multinomial bound, whose Newton steps for the means need its site
+        precisions at their fixed point lambda = p).
     return_V : bool
         Also return the posterior covariances (fixed-point method).
 
