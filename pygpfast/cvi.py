@@ -46,7 +46,6 @@ import scipy.optimize
 import scipy.special
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.preprocessing import LabelEncoder
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -741,6 +740,41 @@ _COMMON_ATTRIBUTES = """
 """
 
 
+def _ordered_categories(y):
+    """The categories of y in their order when y is an ordered pandas Categorical (or a Series or
+    Index of one), else None. Duck-typed on the dtype's ``ordered`` and ``categories``: pandas is
+    not imported."""
+    dtype = getattr(y, "dtype", None)
+    if getattr(dtype, "ordered", None) is True and getattr(dtype, "categories", None) is not None:
+        return np.asarray(dtype.categories)
+    return None
+
+
+def _encode_classes(y, classes):
+    """(classes_, t): the classes in their order and the index t [N] (float64) of each label of
+    y [N] among them. classes None: the sorted distinct labels. ValueError unless classes is
+    1-D with distinct entries, holds every label of y and each of its entries occurs in y."""
+    if classes is None:
+        classes, t = np.unique(y, return_inverse=True)
+        return classes, t.reshape(-1).astype(np.float64)
+    classes = np.array(classes)  # (a copy: classes_ must not follow the caller's array)
+    if classes.ndim != 1:
+        raise ValueError(f"classes must be a 1-D array-like of class labels, got {classes!r}")
+    index = {}
+    for k, label in enumerate(classes.tolist()):
+        if index.setdefault(label, k) != k:
+            raise ValueError(f"classes repeats the label {label!r}")
+    t = np.array([index.get(label, -1) for label in y.tolist()], dtype=np.float64)
+    if np.any(t < 0):
+        unknown = sorted({repr(label) for label, k in zip(y.tolist(), t) if k < 0})
+        raise ValueError(f"y has labels that are not in classes: {', '.join(unknown)}")
+    absent = np.setdiff1d(np.arange(classes.size), t)
+    if absent.size:
+        raise ValueError(f"the class {classes.tolist()[absent[0]]!r} does not occur in y (every "
+                         "entry of classes needs training points)")
+    return classes, t
+
+
 class VGPClassifier(ClassifierMixin, _VGPEstimator):
     __doc__ = (
         """Full-GP classifier by concave variational inference (Khan, Mohamed & Murphy 2012).
@@ -750,24 +784,32 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
     likelihood : {"logit", "multinomial", "stick-breaking", "ordinal"}
         "logit": binary Bernoulli-logit; "multinomial": softmax over C latent functions with
         the log-sum-exp bound; "stick-breaking": C - 1 latent functions (Khan et al. 2012b);
-        "ordinal": one latent function and K - 1 learned thresholds, classes ordered as
-        ``classes_`` (sorted)."""
+        "ordinal": one latent function and K - 1 learned thresholds, for classes in the order
+        of ``classes_`` (see `classes`)."""
         + _COMMON_DOC
-        + """    learn_mean : bool or None
+        + """    classes : array_like [C] or None
+        The class labels in their order: the columns of ``predict_proba`` and, for "ordinal",
+        the order of the scale (lowest first). Every label of y must be one of them, and each
+        of them must occur in y. None: for "ordinal", the order of the categories when y is an
+        ordered pandas Categorical (or a Series of one; unused categories are dropped), and
+        otherwise the sorted labels (as scikit-learn's classifiers; strings then sort
+        alphabetically, which is rarely the order of an ordinal scale).
+    learn_mean : bool or None
         Learn a constant prior mean per latent function. None: for "multinomial" and
         "stick-breaking" (the thresholds play that role for "ordinal"; zero mean for "logit",
         as in scikit-learn's GaussianProcessClassifier).
 
     Attributes
     ----------
-    classes_ : ndarray [C]"""
+    classes_ : ndarray [C]
+        The class labels in the order used (see `classes`)."""
         + _COMMON_ATTRIBUTES
     )
 
     def __init__(self, likelihood="logit", *, kernel=None, bound="quadratic", n_pieces=20,
                  method="fixed-point", optimize_hyperparameters=True, max_iter=100,
-                 inner_max_iter=200, tol=1e-8, block_size=64, jitter=1e-6, learn_mean=None,
-                 random_state=None, verbose=0, callback=None):
+                 inner_max_iter=200, tol=1e-8, block_size=64, jitter=1e-6, classes=None,
+                 learn_mean=None, random_state=None, verbose=0, callback=None):
         self.likelihood = likelihood
         self.kernel = kernel
         self.bound = bound
@@ -779,6 +821,7 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         self.tol = tol
         self.block_size = block_size
         self.jitter = jitter
+        self.classes = classes
         self.learn_mean = learn_mean
         self.random_state = random_state
         self.verbose = verbose
@@ -796,7 +839,8 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         ----------
         X : array_like [N, D]
         y : array_like [N]
-            Class labels (two classes for "logit").
+            Class labels (two classes for "logit"); for "ordinal", an ordered pandas Categorical
+            gives the order of the classes unless `classes` does.
 
         Returns
         -------
@@ -809,17 +853,21 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
             raise ValueError(f"bound must be one of {_BOUND_KINDS}, got {self.bound!r}")
         self._check_params()
         self._forget()
+        order = self.classes
+        categories = (_ordered_categories(y) if order is None and self.likelihood == "ordinal"
+                      else None)
         X, y = validate_data(self, X, y, dtype=np.float64, order="C")
         check_classification_targets(y)
-        encoder = LabelEncoder().fit(y)
-        self.classes_ = encoder.classes_
+        if categories is not None:  # (those that y uses)
+            present = set(y.tolist())
+            order = categories[[label in present for label in categories.tolist()]]
+        self.classes_, t = _encode_classes(y, order)
         C = len(self.classes_)
         if C < 2:
             raise ValueError(f"y has {C} class; a classifier needs at least 2")
         if self.likelihood == "logit" and C != 2:
             raise ValueError(f"Only binary classification is supported by likelihood='logit'; "
                              f"y has {C} classes (use 'multinomial' or 'stick-breaking')")
-        t = encoder.transform(y).astype(np.float64)
         thresholds = None
         if self.likelihood == "ordinal":  # cut points at the logits of the class frequencies
             cum = np.cumsum(np.bincount(t.astype(int), minlength=C))[:-1] / t.size
