@@ -893,50 +893,61 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
     def predict_proba(self, X):
         """Class probabilities [T, C] (columns in the order of ``classes_``)."""
         mean, var = self.predict_latent(X)
-        kind = self.likelihood
-        if kind == "multinomial":
+        if self.likelihood == "multinomial":
             return _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_proba(mean, var)
-        sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
-        if kind == "logit":
+        if self.likelihood == "logit":
+            sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
             p1 = np.clip(sig.predict_mean_and_var(mean[:, 0], var[:, 0])[0], 0.0, 1.0)
             return np.column_stack([1.0 - p1, p1])
-
-        def expected_sigmoid(m, v):  # E[sigmoid(z)], z ~ N(m, v): small values to full precision
-            return np.clip(sig.predict_mean_and_var(m, v)[0], 0.0, 1.0)
-
-        # Both E[s(z)] and E[s(-z)] = 1 - E[s(z)] are taken by quadrature: the subtraction
-        # would round probabilities below 1e-16 to 0 (and their logarithms to -inf).
-        if kind == "stick-breaking":
-            # Latents are independent under q: p(k) = E[s(z_k)] prod_{j<k} E[s(-z_j)].
-            a = np.column_stack([expected_sigmoid(mean[:, j], var[:, j])
-                                 for j in range(mean.shape[1])])
-            b = np.column_stack([expected_sigmoid(-mean[:, j], var[:, j])
-                                 for j in range(mean.shape[1])])
-            rest = np.cumprod(np.column_stack([np.ones(len(a)), b]), axis=1)
-            return np.column_stack([a * rest[:, :-1], rest[:, -1]])
-        # ordinal: F_k = E[s(phi_k - z)] = p(y <= k), G_k = E[s(z - phi_k)] = p(y > k), and
-        # p(y = k) = F_k - F_{k-1} = G_{k-1} - G_k, from G once F_{k-1} > 1/2.
-        phi = self.local_bound_.thresholds
-        n = len(mean)
-        F = np.column_stack([np.zeros(n)]
-                            + [expected_sigmoid(p - mean[:, 0], var[:, 0]) for p in phi]
-                            + [np.ones(n)])
-        G = np.column_stack([np.ones(n)]
-                            + [expected_sigmoid(mean[:, 0] - p, var[:, 0]) for p in phi]
-                            + [np.zeros(n)])
-        proba = np.where(F[:, :-1] > 0.5, -np.diff(G, axis=1), np.diff(F, axis=1))
-        return np.maximum(proba, 0.0)
+        return np.exp(self._log_proba(mean, var))
 
     def predict_log_proba(self, X):
-        """log p(y = class | X) [T, C]."""
+        """log p(y = class | X) [T, C]: computed in log space, finite however small the
+        probability, except for "multinomial" (the logarithms of ``predict_proba``)."""
+        mean, var = self.predict_latent(X)
+        if self.likelihood == "multinomial":
+            proba = _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_proba(mean, var)
+            with np.errstate(divide="ignore"):
+                return np.log(proba)
+        return self._log_proba(mean, var)
+
+    def _log_proba(self, mean, var):
+        """log p(y = class) [T, C] from the latent marginals mean, var [T, L] by Gauss-Hermite
+        quadrature in log space (logit, stick-breaking, ordinal)."""
+        sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
+        n = len(mean)
+
+        def log_expected_sigmoid(sign, j):  # log E[s(sign z_j)], z_j ~ N(mean_j, var_j)
+            return sig.predict_log_density(np.full(n, 0.5 * (1.0 + sign)), mean[:, j], var[:, j])
+
         if self.likelihood == "logit":
-            mean, var = self.predict_latent(X)
-            sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
-            n = len(mean)
-            return np.column_stack([sig.predict_log_density(np.zeros(n), mean[:, 0], var[:, 0]),
-                                    sig.predict_log_density(np.ones(n), mean[:, 0], var[:, 0])])
-        with np.errstate(divide="ignore"):
-            return np.log(self.predict_proba(X))
+            return np.column_stack([log_expected_sigmoid(-1, 0), log_expected_sigmoid(1, 0)])
+        if self.likelihood == "stick-breaking":
+            # Latents are independent under q: p(k) = E[s(z_k)] prod_{j<k} E[s(-z_j)].
+            L = mean.shape[1]
+            up = np.column_stack([log_expected_sigmoid(1, j) for j in range(L)])
+            down = np.column_stack([np.zeros(n)] + [log_expected_sigmoid(-1, j) for j in range(L)])
+            rest = np.cumsum(down, axis=1)
+            return np.column_stack([up + rest[:, :-1], rest[:, -1]])
+        # ordinal: p(y = k | z) = s(phi_k - z) - s(phi_{k-1} - z) = s(phi_k - z) s(z - phi_{k-1})
+        # (1 - e^(phi_{k-1} - phi_k)), without the first factor for the last class and the second
+        # for the first: a product, whose logarithm loses no digits to cancellation, averaged
+        # over the nodes in log space.
+        x, w = np.polynomial.hermite_e.hermegauss(_N_GH)
+        z = mean[:, :1] + np.sqrt(var[:, :1]) * x  # [T, nodes]
+        phi = self.local_bound_.thresholds
+        below, above = [], []  # log s(phi_k - z) and log s(z - phi_k)
+        for u in (p - z for p in phi):
+            soft = np.log1p(np.exp(-np.abs(u)))  # log s(+-u) = min(+-u, 0) - soft
+            below.append(np.minimum(u, 0.0) - soft)
+            above.append(np.minimum(-u, 0.0) - soft)
+        log_proba = np.empty((n, phi.size + 1))
+        for k in range(phi.size + 1):
+            terms = (below[k] if k < phi.size else 0.0) + (above[k - 1] if k > 0 else 0.0)
+            top = terms.max(axis=1)
+            gap = np.log(-np.expm1(phi[k - 1] - phi[k])) if 0 < k < phi.size else 0.0
+            log_proba[:, k] = top + np.log(np.exp(terms - top[:, None]) @ (w / w.sum())) + gap
+        return log_proba
 
     def predict(self, X):
         """Most probable class [T]."""

@@ -187,6 +187,34 @@ def test_stick_breaking_tiny_probabilities_keep_their_digits(rng):
     assert np.allclose(np.exp(logp).sum(1), 1.0, atol=1e-12)
 
 
+@pytest.mark.parametrize("likelihood", ["ordinal", "stick-breaking"])
+def test_log_probabilities_beyond_the_double_range_are_finite(likelihood, rng):
+    # Latent means 1000 from the thresholds: predict_log_proba was log(predict_proba), -inf for
+    # every class but the nearest one (its probabilities underflowed); the logit likelihood's
+    # was finite. In the tails E[s(x + z)] = e^(x + v/2) for z ~ N(0, v), x << 0.
+    X = rng.standard_normal((30, 1))
+    y = np.digitize(X[:, 0], [-0.5, 0.5])
+    clf = VGPClassifier(likelihood, kernel=RBF(variance=1.0, lengthscale=1.0),
+                        optimize_hyperparameters=False).fit(X, y)
+    v = np.array([1.0, 4.0])
+    if likelihood == "ordinal":
+        phi = clf.local_bound_.thresholds
+        m = np.array([1000.0, -1000.0])
+        _with_latents(clf, m[:, None], v[:, None])
+        ref = np.array([[phi[0] - m[0] + v[0] / 2,
+                         np.log(np.exp(phi[1]) - np.exp(phi[0])) - m[0] + v[0] / 2, 0.0],
+                        [0.0, m[1] + v[1] / 2 + np.log(np.exp(-phi[0]) - np.exp(-phi[1])),
+                         m[1] - phi[1] + v[1] / 2]])
+    else:  # p(0) = s(z_0), p(1) = s(-z_0) s(z_1), p(2) = s(-z_0) s(-z_1)
+        mean = np.array([[-1000.0, 1000.0], [1000.0, -1000.0]])
+        _with_latents(clf, mean, np.column_stack([v, v]))
+        ref = np.array([[-1000.0 + v[0] / 2, 0.0, -1000.0 + v[0] / 2],
+                        [0.0, -2000.0 + v[1], -1000.0 + v[1] / 2]])
+    logp = clf.predict_log_proba(np.zeros((2, 1)))
+    np.testing.assert_allclose(logp, ref, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(clf.predict_proba(np.zeros((2, 1))), np.exp(ref), atol=1e-12)
+
+
 def test_clear_errors_for_bad_parameters_and_targets(rng):
     X = rng.standard_normal((20, 2))
     y = (X[:, 0] > 0).astype(int)
