@@ -244,6 +244,37 @@ def test_overflowing_site_precisions_are_a_linalg_error(rng):
                   lambda_=np.full((1, 30), 1e300))
 
 
+def test_huge_counts_from_the_prior_start_reach_the_optimum():
+    # Counts of 1e6 under prior variance 1e3 from Algorithm 1's start V = Sigma (fuzz F9): the
+    # first site's scalar solve bracketed its root between v = 1e3, where g = 1 - v (c + e^(v/2))
+    # is -1e220, and v = e^-500, where g = 1; the Illinois steps stayed at e^-500 (halving -1e220
+    # takes 730 steps) and set lambda = 1.4e217. The next sweep's rank-one updates then rounded
+    # a variance to <= 0: a LinAlgError saying that the kernel matrix (smallest eigenvalue 0.03)
+    # was not positive semi-definite.
+    X = np.random.RandomState(0).randn(20, 2)
+    K = RBF(variance=1e3)(X) + 1e-3 * np.eye(20)
+    y = np.full(20, 1e6)
+    lb = cvi.LocalBound("poisson")
+    r = cvi.infer(K, y, lb, tol=1e-12)
+    ref = cvi.infer(K, y, lb, tol=1e-12, lambda_=np.ones((1, 20)))  # (the estimators' start)
+    assert r.converged and r.info["refused_solves"] == 0
+    assert r.bound == pytest.approx(ref.bound, rel=1e-9)  # (lambda Sigma_ii ~ 1e9)
+    np.testing.assert_allclose(K @ r.alpha[0], np.log(1e6), atol=1e-6)
+
+
+def test_site_precisions_too_large_for_the_prior_are_named_as_the_cause():
+    # A start whose site precisions exceed the prior's by 1e19 cannot be represented (V's
+    # rank-one updates cancel every digit): the error said "the kernel matrix is not
+    # numerically positive semi-definite; add a White kernel" for a well-conditioned kernel.
+    X = np.random.RandomState(0).randn(20, 2)
+    K = RBF(variance=1e3)(X) + 1e-3 * np.eye(20)
+    with pytest.raises(LinAlgError, match="site precisions are too large for this prior"):
+        cvi.infer(K, np.full(20, 3.0), cvi.LocalBound("poisson"), lambda_=np.full((1, 20), 1e16))
+    # An indefinite Sigma with moderate site precisions is still blamed on the kernel.
+    with pytest.raises(LinAlgError, match="kernel matrix is not numerically positive semi-def"):
+        cvi.infer(K - 5.0 * np.eye(20), (X[:, 0] > 0).astype(float), cvi.LocalBound("logit"))
+
+
 @pytest.mark.parametrize("failure", ["one class", "callback"])
 def test_failed_refit_leaves_the_estimator_unfitted(failure, rng):
     # A refit that failed after validation kept the previous posterior under the new classes_
