@@ -54,7 +54,7 @@ from . import _core
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from .exceptions import LinAlgError
-from ._validation import callback_says_stop, check_int
+from ._validation import array_of_matrix, callback_says_stop, check_int
 from .piecewise import llp_bound
 from .svgp import _default_kernel
 
@@ -667,7 +667,7 @@ class _VGPEstimator(BaseEstimator):
     def predict_latent(self, X):
         """Means and variances [T, L] of the latent functions at X [T, D] under q."""
         check_is_fitted(self, "alpha_")
-        X = validate_data(self, X, dtype=np.float64, order="C", reset=False)
+        X = validate_data(self, array_of_matrix(X), dtype=np.float64, order="C", reset=False)
         codes, params = self.kernel_._spec(X.shape[1])
         return _core.cvi_predict_f(codes, params, self.X_train_, self.mean_, self.alpha_,
                                    self.lambda_, self._predictive_factor(), X)
@@ -856,7 +856,7 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         order = self.classes
         categories = (_ordered_categories(y) if order is None and self.likelihood == "ordinal"
                       else None)
-        X, y = validate_data(self, X, y, dtype=np.float64, order="C")
+        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C")
         check_classification_targets(y)
         if categories is not None:  # (those that y uses)
             present = set(y.tolist())
@@ -1003,7 +1003,8 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         """
         self._check_params()
         self._forget()
-        X, y = validate_data(self, X, y, dtype=np.float64, order="C", y_numeric=True)
+        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C",
+                             y_numeric=True)
         if y.dtype.kind not in "biuf" or np.any(y < 0) or np.any(y != np.floor(y)):
             raise ValueError("y must hold counts (non-negative integers)")
         lb = LocalBound("poisson")

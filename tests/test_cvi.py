@@ -346,6 +346,26 @@ def test_clear_errors(rng):
         VGPPoissonRegressor(callback="print").fit(X, y)
 
 
+def test_np_matrix_inputs_are_arrays(rng):
+    # scikit-learn's check_array refuses np.matrix (TypeError), which SVGP takes as the 2-D
+    # array it is: so did VGPClassifier and VGPPoissonRegressor, in fit and in predict.
+    X, y = blobs(40, rng)
+    Xt = rng.standard_normal((5, 2))
+    with warnings.catch_warnings():  # (numpy's advice against np.matrix)
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        Xm, Xtm = np.asmatrix(X), np.asmatrix(Xt)
+    kw = dict(kernel=RBF(variance=2.0, lengthscale=1.0), optimize_hyperparameters=False)
+    for est, predict in ((VGPClassifier("multinomial", **kw), "predict_proba"),
+                         (VGPPoissonRegressor(**kw), "predict")):
+        ref = clone(est).fit(X, y)
+        fitted = clone(est).fit(Xm, y)
+        assert fitted.bound_ == ref.bound_
+        out = getattr(fitted, predict)(Xtm)
+        assert type(out) is np.ndarray
+        np.testing.assert_array_equal(out, getattr(ref, predict)(Xt))
+        np.testing.assert_array_equal(fitted.predict_latent(Xtm)[1], ref.predict_latent(Xt)[1])
+
+
 def test_verbose_reports_progress(rng, capsys):
     X, y = blobs(60, rng)
     clf = VGPClassifier(verbose=2).fit(X, y % 2)
