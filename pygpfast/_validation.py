@@ -5,7 +5,7 @@ import numbers
 import numpy as np
 from sklearn.utils import check_array
 
-__all__ = ["as_matrix", "as_vector", "check_int", "check_same_dim"]
+__all__ = ["array_of_matrix", "as_matrix", "as_vector", "check_int", "check_same_dim"]
 
 
 def check_int(value, name, low, *, allow_bool=False):
@@ -14,6 +14,16 @@ def check_int(value, name, low, *, allow_bool=False):
     if not (isinstance(value, numbers.Integral) and (allow_bool or not isinstance(value, bool))
             and value >= low):
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def array_of_matrix(X):
+    """An np.matrix as the plain ndarray that holds its data (no copy); anything else as it is.
+
+    scikit-learn's ``check_array`` (and so ``validate_data``) refuses np.matrix with a TypeError;
+    SVGP's ``check_rows`` takes it as the 2-D array it is, and the estimators that validate
+    through scikit-learn pass their inputs through this first to do the same.
+    """
+    return np.asarray(X) if isinstance(X, np.matrix) else X
 
 
 def as_matrix(X, name="X", *, allow_empty=False):

@@ -46,7 +46,6 @@ import scipy.optimize
 import scipy.special
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.preprocessing import LabelEncoder
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -55,7 +54,7 @@ from . import _core
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from .exceptions import LinAlgError
-from ._validation import callback_says_stop, check_int
+from ._validation import array_of_matrix, callback_says_stop, check_int
 from .piecewise import llp_bound
 from .svgp import _default_kernel
 
@@ -261,7 +260,9 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
     block_size : int
         Coordinates per BLAS-3 block of Algorithm 1 (1: literal rank-one updates).
     skip_tol : float
-        Algorithm 1 leaves a coordinate whose variance would change by less than this fraction.
+        Algorithm 1 leaves a coordinate whose variance would change by less than this fraction
+        (not with the multinomial bound, whose Newton steps for the means need its site
+        precisions at their fixed point lambda = p).
     return_V : bool
         Also return the posterior covariances (fixed-point method).
 
@@ -666,7 +667,7 @@ class _VGPEstimator(BaseEstimator):
     def predict_latent(self, X):
         """Means and variances [T, L] of the latent functions at X [T, D] under q."""
         check_is_fitted(self, "alpha_")
-        X = validate_data(self, X, dtype=np.float64, order="C", reset=False)
+        X = validate_data(self, array_of_matrix(X), dtype=np.float64, order="C", reset=False)
         codes, params = self.kernel_._spec(X.shape[1])
         return _core.cvi_predict_f(codes, params, self.X_train_, self.mean_, self.alpha_,
                                    self.lambda_, self._predictive_factor(), X)
@@ -739,6 +740,41 @@ _COMMON_ATTRIBUTES = """
 """
 
 
+def _ordered_categories(y):
+    """The categories of y in their order when y is an ordered pandas Categorical (or a Series or
+    Index of one), else None. Duck-typed on the dtype's ``ordered`` and ``categories``: pandas is
+    not imported."""
+    dtype = getattr(y, "dtype", None)
+    if getattr(dtype, "ordered", None) is True and getattr(dtype, "categories", None) is not None:
+        return np.asarray(dtype.categories)
+    return None
+
+
+def _encode_classes(y, classes):
+    """(classes_, t): the classes in their order and the index t [N] (float64) of each label of
+    y [N] among them. classes None: the sorted distinct labels. ValueError unless classes is
+    1-D with distinct entries, holds every label of y and each of its entries occurs in y."""
+    if classes is None:
+        classes, t = np.unique(y, return_inverse=True)
+        return classes, t.reshape(-1).astype(np.float64)
+    classes = np.array(classes)  # (a copy: classes_ must not follow the caller's array)
+    if classes.ndim != 1:
+        raise ValueError(f"classes must be a 1-D array-like of class labels, got {classes!r}")
+    index = {}
+    for k, label in enumerate(classes.tolist()):
+        if index.setdefault(label, k) != k:
+            raise ValueError(f"classes repeats the label {label!r}")
+    t = np.array([index.get(label, -1) for label in y.tolist()], dtype=np.float64)
+    if np.any(t < 0):
+        unknown = sorted({repr(label) for label, k in zip(y.tolist(), t) if k < 0})
+        raise ValueError(f"y has labels that are not in classes: {', '.join(unknown)}")
+    absent = np.setdiff1d(np.arange(classes.size), t)
+    if absent.size:
+        raise ValueError(f"the class {classes.tolist()[absent[0]]!r} does not occur in y (every "
+                         "entry of classes needs training points)")
+    return classes, t
+
+
 class VGPClassifier(ClassifierMixin, _VGPEstimator):
     __doc__ = (
         """Full-GP classifier by concave variational inference (Khan, Mohamed & Murphy 2012).
@@ -748,24 +784,32 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
     likelihood : {"logit", "multinomial", "stick-breaking", "ordinal"}
         "logit": binary Bernoulli-logit; "multinomial": softmax over C latent functions with
         the log-sum-exp bound; "stick-breaking": C - 1 latent functions (Khan et al. 2012b);
-        "ordinal": one latent function and K - 1 learned thresholds, classes ordered as
-        ``classes_`` (sorted)."""
+        "ordinal": one latent function and K - 1 learned thresholds, for classes in the order
+        of ``classes_`` (see `classes`)."""
         + _COMMON_DOC
-        + """    learn_mean : bool or None
+        + """    classes : array_like [C] or None
+        The class labels in their order: the columns of ``predict_proba`` and, for "ordinal",
+        the order of the scale (lowest first). Every label of y must be one of them, and each
+        of them must occur in y. None: for "ordinal", the order of the categories when y is an
+        ordered pandas Categorical (or a Series of one; unused categories are dropped), and
+        otherwise the sorted labels (as scikit-learn's classifiers; strings then sort
+        alphabetically, which is rarely the order of an ordinal scale).
+    learn_mean : bool or None
         Learn a constant prior mean per latent function. None: for "multinomial" and
         "stick-breaking" (the thresholds play that role for "ordinal"; zero mean for "logit",
         as in scikit-learn's GaussianProcessClassifier).
 
     Attributes
     ----------
-    classes_ : ndarray [C]"""
+    classes_ : ndarray [C]
+        The class labels in the order used (see `classes`)."""
         + _COMMON_ATTRIBUTES
     )
 
     def __init__(self, likelihood="logit", *, kernel=None, bound="quadratic", n_pieces=20,
                  method="fixed-point", optimize_hyperparameters=True, max_iter=100,
-                 inner_max_iter=200, tol=1e-8, block_size=64, jitter=1e-6, learn_mean=None,
-                 random_state=None, verbose=0, callback=None):
+                 inner_max_iter=200, tol=1e-8, block_size=64, jitter=1e-6, classes=None,
+                 learn_mean=None, random_state=None, verbose=0, callback=None):
         self.likelihood = likelihood
         self.kernel = kernel
         self.bound = bound
@@ -777,6 +821,7 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         self.tol = tol
         self.block_size = block_size
         self.jitter = jitter
+        self.classes = classes
         self.learn_mean = learn_mean
         self.random_state = random_state
         self.verbose = verbose
@@ -794,7 +839,8 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         ----------
         X : array_like [N, D]
         y : array_like [N]
-            Class labels (two classes for "logit").
+            Class labels (two classes for "logit"); for "ordinal", an ordered pandas Categorical
+            gives the order of the classes unless `classes` does.
 
         Returns
         -------
@@ -807,17 +853,21 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
             raise ValueError(f"bound must be one of {_BOUND_KINDS}, got {self.bound!r}")
         self._check_params()
         self._forget()
-        X, y = validate_data(self, X, y, dtype=np.float64, order="C")
+        order = self.classes
+        categories = (_ordered_categories(y) if order is None and self.likelihood == "ordinal"
+                      else None)
+        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C")
         check_classification_targets(y)
-        encoder = LabelEncoder().fit(y)
-        self.classes_ = encoder.classes_
+        if categories is not None:  # (those that y uses)
+            present = set(y.tolist())
+            order = categories[[label in present for label in categories.tolist()]]
+        self.classes_, t = _encode_classes(y, order)
         C = len(self.classes_)
         if C < 2:
             raise ValueError(f"y has {C} class; a classifier needs at least 2")
         if self.likelihood == "logit" and C != 2:
             raise ValueError(f"Only binary classification is supported by likelihood='logit'; "
                              f"y has {C} classes (use 'multinomial' or 'stick-breaking')")
-        t = encoder.transform(y).astype(np.float64)
         thresholds = None
         if self.likelihood == "ordinal":  # cut points at the logits of the class frequencies
             cum = np.cumsum(np.bincount(t.astype(int), minlength=C))[:-1] / t.size
@@ -843,50 +893,61 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
     def predict_proba(self, X):
         """Class probabilities [T, C] (columns in the order of ``classes_``)."""
         mean, var = self.predict_latent(X)
-        kind = self.likelihood
-        if kind == "multinomial":
+        if self.likelihood == "multinomial":
             return _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_proba(mean, var)
-        sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
-        if kind == "logit":
+        if self.likelihood == "logit":
+            sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
             p1 = np.clip(sig.predict_mean_and_var(mean[:, 0], var[:, 0])[0], 0.0, 1.0)
             return np.column_stack([1.0 - p1, p1])
-
-        def expected_sigmoid(m, v):  # E[sigmoid(z)], z ~ N(m, v): small values to full precision
-            return np.clip(sig.predict_mean_and_var(m, v)[0], 0.0, 1.0)
-
-        # Both E[s(z)] and E[s(-z)] = 1 - E[s(z)] are taken by quadrature: the subtraction
-        # would round probabilities below 1e-16 to 0 (and their logarithms to -inf).
-        if kind == "stick-breaking":
-            # Latents are independent under q: p(k) = E[s(z_k)] prod_{j<k} E[s(-z_j)].
-            a = np.column_stack([expected_sigmoid(mean[:, j], var[:, j])
-                                 for j in range(mean.shape[1])])
-            b = np.column_stack([expected_sigmoid(-mean[:, j], var[:, j])
-                                 for j in range(mean.shape[1])])
-            rest = np.cumprod(np.column_stack([np.ones(len(a)), b]), axis=1)
-            return np.column_stack([a * rest[:, :-1], rest[:, -1]])
-        # ordinal: F_k = E[s(phi_k - z)] = p(y <= k), G_k = E[s(z - phi_k)] = p(y > k), and
-        # p(y = k) = F_k - F_{k-1} = G_{k-1} - G_k, from G once F_{k-1} > 1/2.
-        phi = self.local_bound_.thresholds
-        n = len(mean)
-        F = np.column_stack([np.zeros(n)]
-                            + [expected_sigmoid(p - mean[:, 0], var[:, 0]) for p in phi]
-                            + [np.ones(n)])
-        G = np.column_stack([np.ones(n)]
-                            + [expected_sigmoid(mean[:, 0] - p, var[:, 0]) for p in phi]
-                            + [np.zeros(n)])
-        proba = np.where(F[:, :-1] > 0.5, -np.diff(G, axis=1), np.diff(F, axis=1))
-        return np.maximum(proba, 0.0)
+        return np.exp(self._log_proba(mean, var))
 
     def predict_log_proba(self, X):
-        """log p(y = class | X) [T, C]."""
+        """log p(y = class | X) [T, C]: computed in log space, finite however small the
+        probability, except for "multinomial" (the logarithms of ``predict_proba``)."""
+        mean, var = self.predict_latent(X)
+        if self.likelihood == "multinomial":
+            proba = _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_proba(mean, var)
+            with np.errstate(divide="ignore"):
+                return np.log(proba)
+        return self._log_proba(mean, var)
+
+    def _log_proba(self, mean, var):
+        """log p(y = class) [T, C] from the latent marginals mean, var [T, L] by Gauss-Hermite
+        quadrature in log space (logit, stick-breaking, ordinal)."""
+        sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
+        n = len(mean)
+
+        def log_expected_sigmoid(sign, j):  # log E[s(sign z_j)], z_j ~ N(mean_j, var_j)
+            return sig.predict_log_density(np.full(n, 0.5 * (1.0 + sign)), mean[:, j], var[:, j])
+
         if self.likelihood == "logit":
-            mean, var = self.predict_latent(X)
-            sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
-            n = len(mean)
-            return np.column_stack([sig.predict_log_density(np.zeros(n), mean[:, 0], var[:, 0]),
-                                    sig.predict_log_density(np.ones(n), mean[:, 0], var[:, 0])])
-        with np.errstate(divide="ignore"):
-            return np.log(self.predict_proba(X))
+            return np.column_stack([log_expected_sigmoid(-1, 0), log_expected_sigmoid(1, 0)])
+        if self.likelihood == "stick-breaking":
+            # Latents are independent under q: p(k) = E[s(z_k)] prod_{j<k} E[s(-z_j)].
+            L = mean.shape[1]
+            up = np.column_stack([log_expected_sigmoid(1, j) for j in range(L)])
+            down = np.column_stack([np.zeros(n)] + [log_expected_sigmoid(-1, j) for j in range(L)])
+            rest = np.cumsum(down, axis=1)
+            return np.column_stack([up + rest[:, :-1], rest[:, -1]])
+        # ordinal: p(y = k | z) = s(phi_k - z) - s(phi_{k-1} - z) = s(phi_k - z) s(z - phi_{k-1})
+        # (1 - e^(phi_{k-1} - phi_k)), without the first factor for the last class and the second
+        # for the first: a product, whose logarithm loses no digits to cancellation, averaged
+        # over the nodes in log space.
+        x, w = np.polynomial.hermite_e.hermegauss(_N_GH)
+        z = mean[:, :1] + np.sqrt(var[:, :1]) * x  # [T, nodes]
+        phi = self.local_bound_.thresholds
+        below, above = [], []  # log s(phi_k - z) and log s(z - phi_k)
+        for u in (p - z for p in phi):
+            soft = np.log1p(np.exp(-np.abs(u)))  # log s(+-u) = min(+-u, 0) - soft
+            below.append(np.minimum(u, 0.0) - soft)
+            above.append(np.minimum(-u, 0.0) - soft)
+        log_proba = np.empty((n, phi.size + 1))
+        for k in range(phi.size + 1):
+            terms = (below[k] if k < phi.size else 0.0) + (above[k - 1] if k > 0 else 0.0)
+            top = terms.max(axis=1)
+            gap = np.log(-np.expm1(phi[k - 1] - phi[k])) if 0 < k < phi.size else 0.0
+            log_proba[:, k] = top + np.log(np.exp(terms - top[:, None]) @ (w / w.sum())) + gap
+        return log_proba
 
     def predict(self, X):
         """Most probable class [T]."""
@@ -942,7 +1003,8 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         """
         self._check_params()
         self._forget()
-        X, y = validate_data(self, X, y, dtype=np.float64, order="C", y_numeric=True)
+        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C",
+                             y_numeric=True)
         if y.dtype.kind not in "biuf" or np.any(y < 0) or np.any(y != np.floor(y)):
             raise ValueError("y must hold counts (non-negative integers)")
         lb = LocalBound("poisson")

@@ -187,6 +187,34 @@ def test_stick_breaking_tiny_probabilities_keep_their_digits(rng):
     assert np.allclose(np.exp(logp).sum(1), 1.0, atol=1e-12)
 
 
+@pytest.mark.parametrize("likelihood", ["ordinal", "stick-breaking"])
+def test_log_probabilities_beyond_the_double_range_are_finite(likelihood, rng):
+    # Latent means 1000 from the thresholds: predict_log_proba was log(predict_proba), -inf for
+    # every class but the nearest one (its probabilities underflowed); the logit likelihood's
+    # was finite. In the tails E[s(x + z)] = e^(x + v/2) for z ~ N(0, v), x << 0.
+    X = rng.standard_normal((30, 1))
+    y = np.digitize(X[:, 0], [-0.5, 0.5])
+    clf = VGPClassifier(likelihood, kernel=RBF(variance=1.0, lengthscale=1.0),
+                        optimize_hyperparameters=False).fit(X, y)
+    v = np.array([1.0, 4.0])
+    if likelihood == "ordinal":
+        phi = clf.local_bound_.thresholds
+        m = np.array([1000.0, -1000.0])
+        _with_latents(clf, m[:, None], v[:, None])
+        ref = np.array([[phi[0] - m[0] + v[0] / 2,
+                         np.log(np.exp(phi[1]) - np.exp(phi[0])) - m[0] + v[0] / 2, 0.0],
+                        [0.0, m[1] + v[1] / 2 + np.log(np.exp(-phi[0]) - np.exp(-phi[1])),
+                         m[1] - phi[1] + v[1] / 2]])
+    else:  # p(0) = s(z_0), p(1) = s(-z_0) s(z_1), p(2) = s(-z_0) s(-z_1)
+        mean = np.array([[-1000.0, 1000.0], [1000.0, -1000.0]])
+        _with_latents(clf, mean, np.column_stack([v, v]))
+        ref = np.array([[-1000.0 + v[0] / 2, 0.0, -1000.0 + v[0] / 2],
+                        [0.0, -2000.0 + v[1], -1000.0 + v[1] / 2]])
+    logp = clf.predict_log_proba(np.zeros((2, 1)))
+    np.testing.assert_allclose(logp, ref, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(clf.predict_proba(np.zeros((2, 1))), np.exp(ref), atol=1e-12)
+
+
 def test_clear_errors_for_bad_parameters_and_targets(rng):
     X = rng.standard_normal((20, 2))
     y = (X[:, 0] > 0).astype(int)
@@ -214,6 +242,37 @@ def test_overflowing_site_precisions_are_a_linalg_error(rng):
     with pytest.raises(LinAlgError, match="overflowed"):
         cvi.infer(K, y, cvi.LocalBound("poisson"), alpha=np.full((1, 30), 1e3),
                   lambda_=np.full((1, 30), 1e300))
+
+
+def test_huge_counts_from_the_prior_start_reach_the_optimum():
+    # Counts of 1e6 under prior variance 1e3 from Algorithm 1's start V = Sigma (fuzz F9): the
+    # first site's scalar solve bracketed its root between v = 1e3, where g = 1 - v (c + e^(v/2))
+    # is -1e220, and v = e^-500, where g = 1; the Illinois steps stayed at e^-500 (halving -1e220
+    # takes 730 steps) and set lambda = 1.4e217. The next sweep's rank-one updates then rounded
+    # a variance to <= 0: a LinAlgError saying that the kernel matrix (smallest eigenvalue 0.03)
+    # was not positive semi-definite.
+    X = np.random.RandomState(0).randn(20, 2)
+    K = RBF(variance=1e3)(X) + 1e-3 * np.eye(20)
+    y = np.full(20, 1e6)
+    lb = cvi.LocalBound("poisson")
+    r = cvi.infer(K, y, lb, tol=1e-12)
+    ref = cvi.infer(K, y, lb, tol=1e-12, lambda_=np.ones((1, 20)))  # (the estimators' start)
+    assert r.converged and r.info["refused_solves"] == 0
+    assert r.bound == pytest.approx(ref.bound, rel=1e-9)  # (lambda Sigma_ii ~ 1e9)
+    np.testing.assert_allclose(K @ r.alpha[0], np.log(1e6), atol=1e-6)
+
+
+def test_site_precisions_too_large_for_the_prior_are_named_as_the_cause():
+    # A start whose site precisions exceed the prior's by 1e19 cannot be represented (V's
+    # rank-one updates cancel every digit): the error said "the kernel matrix is not
+    # numerically positive semi-definite; add a White kernel" for a well-conditioned kernel.
+    X = np.random.RandomState(0).randn(20, 2)
+    K = RBF(variance=1e3)(X) + 1e-3 * np.eye(20)
+    with pytest.raises(LinAlgError, match="site precisions are too large for this prior"):
+        cvi.infer(K, np.full(20, 3.0), cvi.LocalBound("poisson"), lambda_=np.full((1, 20), 1e16))
+    # An indefinite Sigma with moderate site precisions is still blamed on the kernel.
+    with pytest.raises(LinAlgError, match="kernel matrix is not numerically positive semi-def"):
+        cvi.infer(K - 5.0 * np.eye(20), (X[:, 0] > 0).astype(float), cvi.LocalBound("logit"))
 
 
 @pytest.mark.parametrize("failure", ["one class", "callback"])

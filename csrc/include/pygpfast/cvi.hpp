@@ -149,7 +149,9 @@ struct Options {
                                //   runs all max_iter iterations
   index_t block_size = 64;     // coordinates per block; 1 = literal rank-one updates (BLAS 2)
   double skip_tol = 0.0;       // a coordinate whose variance would change by at most
-                               //   skip_tol * v is left as it is (no rank-one update)
+                               //   skip_tol * v is left as it is (no rank-one update);
+                               //   not for Multinomial, whose Newton steps for the means
+                               //   need lambda = p (cvi.cpp, solve_site)
   int max_newton = 30;         // Newton iterations for m per outer iteration
   int max_damping = 8;         // halvings of rho for a sweep that lowers the bound
   bool record_history = true;  // fill Result::history
