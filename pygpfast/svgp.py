@@ -115,10 +115,10 @@ class SVGP:
             ``q_mu`` (shaped like q_mu), ``q_sqrt`` (shaped like q_sqrt, lower), ``Z`` [M, D],
             ``kernel`` [P] (w.r.t. the positive kernel parameters), ``likelihood``
             (w.r.t. the positive likelihood parameters) and ``prior_mean`` [L]: gradients
-            of the ELBO. With
-            ``natural``, ``d_ell_m`` and ``d_ell_S`` (symmetric) replace ``q_mu`` and
-            ``q_sqrt``: the gradients of the scaled expected log-likelihood alone (no KL)
-            with respect to the mean and the covariance of q, in q's coordinates.
+            of the ELBO. With ``natural``, ``d_ell_m`` and ``d_ell_S`` (symmetric) replace
+            ``q_mu`` and ``q_sqrt``: the gradients of the scaled expected log-likelihood
+            alone (no KL) with respect to the mean and the covariance of q, in q's
+            coordinates.
         hyper : tuple, optional
             Hyperparameters in the form of :meth:`core_hyper`, used instead of the kernel's
             and likelihood's own (optimisers pass them to skip updating those objects).
