@@ -54,6 +54,9 @@ def predict_mean_and_var(
 def predict_log_density(
     kind: int, variance: float, n_gh: int, num_classes: int, y: F64, mu: F64, var: F64
 ) -> F64: ...
+def predict_log_class_probabilities(
+    kind: int, variance: float, n_gh: int, num_classes: int, mu: F64, var: F64
+) -> F64: ...  # softmax only: [N, C]
 
 # SVGP
 def svgp_elbo(

@@ -903,12 +903,10 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
 
     def predict_log_proba(self, X):
         """log p(y = class | X) [T, C]: computed in log space, finite however small the
-        probability, except for "multinomial" (the logarithms of ``predict_proba``)."""
+        probability."""
         mean, var = self.predict_latent(X)
         if self.likelihood == "multinomial":
-            proba = _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_proba(mean, var)
-            with np.errstate(divide="ignore"):
-                return np.log(proba)
+            return _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_log_proba(mean, var)
         return self._log_proba(mean, var)
 
     def _log_proba(self, mean, var):

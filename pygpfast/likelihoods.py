@@ -353,5 +353,21 @@ class Softmax(Likelihood):
         """
         return self.predict_mean_and_var(mu, var)[0]
 
+    def predict_log_proba(self, mu, var):
+        """``log P(y = c)`` [N, C], computed in log space: finite however far class c lies
+        below the others (``log(predict_proba)`` is -inf there).
+
+        Parameters
+        ----------
+        mu, var : array_like [N, C]
+            Means and variances (>= 0) of the latent functions' marginals.
+
+        Returns
+        -------
+        log_proba : ndarray [N, C]
+        """
+        mu, var = self._points(mu, var)
+        return _core.predict_log_class_probabilities(*self._core_args(), mu, var)
+
     def _repr_args(self):
         return {"num_classes": self.num_classes, "n_gh": self.n_gh}

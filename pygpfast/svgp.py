@@ -753,11 +753,11 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
     def predict_log_proba(self, X):
         """log p(y = class | X) [T, C], computed in log space."""
         mean, var = self._latent(X)
+        if self.model_.num_latent > 1:
+            return self.likelihood_.predict_log_proba(mean, var)
         n = len(mean)
-        return np.column_stack([
-            self.likelihood_.predict_log_density(np.full(n, float(c)), mean, var)
-            for c in range(len(self.classes_))
-        ])
+        return np.column_stack([self.likelihood_.predict_log_density(np.full(n, float(c)), mean, var)
+                                for c in (0, 1)])
 
     def predict(self, X):
         """Most probable class [T]."""

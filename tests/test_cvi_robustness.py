@@ -187,11 +187,12 @@ def test_stick_breaking_tiny_probabilities_keep_their_digits(rng):
     assert np.allclose(np.exp(logp).sum(1), 1.0, atol=1e-12)
 
 
-@pytest.mark.parametrize("likelihood", ["ordinal", "stick-breaking"])
+@pytest.mark.parametrize("likelihood", ["ordinal", "stick-breaking", "multinomial"])
 def test_log_probabilities_beyond_the_double_range_are_finite(likelihood, rng):
     # Latent means 1000 from the thresholds: predict_log_proba was log(predict_proba), -inf for
     # every class but the nearest one (its probabilities underflowed); the logit likelihood's
-    # was finite. In the tails E[s(x + z)] = e^(x + v/2) for z ~ N(0, v), x << 0.
+    # was finite. In the tails E[s(x + z)] = e^(x + v/2) for z ~ N(0, v), x << 0; for the
+    # multinomial, log E[softmax_c] = m_c - m_top + (v_c + v_top) / 2 where m_top dominates.
     X = rng.standard_normal((30, 1))
     y = np.digitize(X[:, 0], [-0.5, 0.5])
     clf = VGPClassifier(likelihood, kernel=RBF(variance=1.0, lengthscale=1.0),
@@ -205,6 +206,12 @@ def test_log_probabilities_beyond_the_double_range_are_finite(likelihood, rng):
                          np.log(np.exp(phi[1]) - np.exp(phi[0])) - m[0] + v[0] / 2, 0.0],
                         [0.0, m[1] + v[1] / 2 + np.log(np.exp(-phi[0]) - np.exp(-phi[1])),
                          m[1] - phi[1] + v[1] / 2]])
+    elif likelihood == "multinomial":
+        mean = np.array([[1000.0, -1000.0, 0.0], [0.0, 0.0, 1000.0]])
+        var = np.array([[1.0, 1.0, 1.0], [4.0, 4.0, 4.0]])
+        _with_latents(clf, mean, var)
+        ref = np.array([[0.0, -2000.0 + 1.0, -1000.0 + 1.0],
+                        [-1000.0 + 4.0, -1000.0 + 4.0, 0.0]])
     else:  # p(0) = s(z_0), p(1) = s(-z_0) s(z_1), p(2) = s(-z_0) s(-z_1)
         mean = np.array([[-1000.0, 1000.0], [1000.0, -1000.0]])
         _with_latents(clf, mean, np.column_stack([v, v]))

@@ -252,6 +252,14 @@ def test_predictions_sum_to_one_and_stay_finite_in_extremes():
     assert np.all(np.isfinite(value)) and np.all(np.isfinite(d_mu)) and np.all(np.isfinite(d_var))
     assert np.all(value <= 0) and np.all(d_var <= 1e-12)  # E[log softmax] <= 0, concave in f
     assert value[0] < -800
+    # All classes' log probabilities at once, in log space: log(predict_proba) was -inf for
+    # class 1 of point 0 (VGPClassifier's multinomial predict_log_proba took that logarithm).
+    log_proba = lik.predict_log_proba(mu, var)
+    np.testing.assert_allclose(log_proba[np.arange(4), y.astype(int)], log_density, rtol=1e-13)
+    np.testing.assert_allclose(np.exp(log_proba), proba, rtol=1e-13, atol=1e-300)
+    np.testing.assert_allclose(log_proba[0, 1], -805.0 + 0.25, atol=0.01)
+    with pytest.raises(ValueError, match="softmax"):
+        pygpfast._core.predict_log_class_probabilities(*Bernoulli()._core_args(), mu[:, 0].copy(), var[:, 0].copy())
 
 
 def logistic_moments(m, v):

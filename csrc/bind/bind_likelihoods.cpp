@@ -84,6 +84,23 @@ void bind_likelihoods(py::module_& m) {
       "softmax (mu, var [N, C]): (P(y = c) [N, C], P(y = c) (1 - P(y = c)) [N, C]).");
 
   m.def(
+      "predict_log_class_probabilities",
+      [](int kind, double variance, int n_gh, int num_classes, const py::array& mu, const py::array& var) {
+        const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
+        const double* muv = latent_array(mu, "mu", lik);
+        const index_t n = mu.shape(0);
+        const double* varv = latent_array(var, "var", lik, n);
+        auto out = new_latent_array(lik, n);
+        {
+          py::gil_scoped_release release;
+          likelihoods::predict_log_class_probabilities(lik, muv, varv, n, out.mutable_data());
+        }
+        return out;
+      },
+      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("mu"), py::arg("var"),
+      "log P(y = c) = log E[softmax_c(f)] at f ~ N(mu, var) [N, C], in log space (softmax only).");
+
+  m.def(
       "predict_log_density",
       [](int kind, double variance, int n_gh, int num_classes, const py::array& y, const py::array& mu,
          const py::array& var) {

@@ -397,6 +397,14 @@ void predict_mean_and_var(const Likelihood& lik, const double* mu, const double*
   }
 }
 
+void predict_log_class_probabilities(const Likelihood& lik, const double* mu, const double* var, index_t n,
+                                     double* out) {
+  validate(lik);
+  require(lik.type == LikelihoodType::Softmax, "log class probabilities are defined for the softmax likelihood");
+  check_marginals(mu, var, n * lik.num_classes, lik.num_classes);
+  softmax::log_class_probabilities(lik.num_classes, lik.n_gh, mu, var, n, out);
+}
+
 void predict_log_density(const Likelihood& lik, const double* y, const double* mu,
                          const double* var, index_t n, double* out) {
   validate(lik);

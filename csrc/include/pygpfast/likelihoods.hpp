@@ -53,4 +53,9 @@ void predict_mean_and_var(const Likelihood& lik, const double* mu, const double*
 void predict_log_density(const Likelihood& lik, const double* y, const double* mu,
                          const double* var, index_t n, double* out);
 
+// The softmax's log class probabilities log P(y_i = c) = log E[softmax_c(f)] [n, C], in log
+// space (finite however far class c lies below the others). Softmax only.
+void predict_log_class_probabilities(const Likelihood& lik, const double* mu, const double* var, index_t n,
+                                     double* out);
+
 }  // namespace pygpfast::likelihoods
