@@ -297,7 +297,9 @@ class Softmax(Likelihood):
     in its Gumbel form ``E_W[Phi((W - log t - mu_c) / sqrt(var_c))]`` (W standard Gumbel-min,
     a 20-point Gauss rule for its density), accurate to the outer rule's floor at any variance.
     A point whose classes all have variances above 10 costs about 5 times one below 10,
-    whatever the variances (1e-14 relative in the value at 10^12); one that mixes classes
+    whatever the variances (1e-14 relative in the value at 10^12), as long as they lie within
+    a factor of about 2e8 of each other (the grid's step follows the narrowest class across the
+    widest one's range; a point beyond that is refused, ValueError); one that mixes classes
     below and above 10 costs more as the largest variance grows (150 times at 1000), and one
     with variances beyond ~1e7 beside a class below 10 is refused (ValueError).
 

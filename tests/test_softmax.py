@@ -345,6 +345,22 @@ def test_narrow_class_beside_classes_too_wide_for_the_grid_is_refused():
         lik.predict_proba(mu, var)
 
 
+def test_wide_classes_too_far_apart_for_the_grid_are_refused_with_their_own_reason():
+    # Every class is wide, so the step is s_min / 2 over the widest class's reach: variances
+    # 11 and 1e10 need ~5e5 nodes. The message blamed "a class of variance <= 10", which the
+    # point does not have. Variances up to ~2e8 apart are integrated (Monte Carlo at 1e9).
+    lik = Softmax(3)
+    mu = np.zeros((1, 3))
+    with pytest.raises(ValueError, match="from 11 to 10000000000: with every class wider than 10") as info:
+        lik.predict_proba(mu, np.array([[11.0, 1e10, 11.0]]))
+    assert "<= 10" not in str(info.value)
+    var = np.array([11.0, 1e9, 11.0])
+    f = np.sqrt(var) * np.random.default_rng(4).standard_normal((10**6, 3))
+    e = np.exp(f - f.max(1, keepdims=True))
+    np.testing.assert_allclose(lik.predict_proba(mu, var[None])[0], (e / e.sum(1, keepdims=True)).mean(0),
+                               atol=3e-3)
+
+
 def test_large_variance_derivatives_and_the_switch_at_ten(rng):
     """The Gumbel form's derivatives are those of its value (finite differences, C = 3 with
     wide, narrow and point-mass classes), and the switch from the Gauss-Hermite form at

@@ -246,3 +246,17 @@ def test_targets_in_small_units_without_normalisation():
     normalised = SVGPRegressor(n_inducing=10, random_state=0).fit(X, 1e-4 * y)
     assert raw.score(X, 1e-4 * y) > 0.97
     assert raw.score(X, 1e-4 * y) == pytest.approx(normalised.score(X, 1e-4 * y), abs=0.01)
+
+
+@pytest.mark.parametrize("method", ["kl", "mf"])
+def test_a_kernel_that_vanishes_at_the_inducing_inputs_is_named(method):
+    # A Linear kernel with every inducing input at 0 has K(Z, Z) = 0: the relative jitter has no
+    # scale to be relative to, and the error blamed the kernel variance ("its mean diagonal is
+    # 0 (check the kernel variance)"). It now names the inducing inputs and what to change.
+    X, yc, yr = _data(40)
+    Z = np.zeros((4, 2))
+    est = (SVGPRegressor(kernels.Linear(), inducing_points=Z) if method == "kl"
+           else SVGPClassifier(kernels.Linear(), method="mf", inducing_points=Z))
+    with pytest.raises(np.linalg.LinAlgError, match="vanishes at the inducing inputs Z") as info:
+        est.fit(X, yr if method == "kl" else yc)
+    assert "kernel variance" not in str(info.value)

@@ -160,9 +160,15 @@ void symmetrise(MatrixView A) {
   visit_strict_lower(A.rows, [&](index_t i, index_t j) noexcept { A(i, j) = A(j, i) = 0.5 * (A(i, j) + A(j, i)); });
 }
 
-double add_relative_jitter(MatrixView A, double relative) {
+double add_relative_jitter(MatrixView A, double relative, const char* what, const char* where) {
   double mean_diag = 0.0;
   for (index_t i = 0; i < A.rows; ++i) mean_diag += A(i, i) / static_cast<double>(A.rows);
+  if (A.rows > 0 && mean_diag == 0.0)  // (NaN goes on to cholesky_jitter's finiteness check)
+    throw LinAlgError("cholesky", 1,
+                      std::string(what) + " is zero on its diagonal: the kernel vanishes at " + where +
+                          " (a Linear kernel at 0?), so no jitter relative to its scale can make it "
+                          "positive definite; move " + where +
+                          " away from where the kernel vanishes, or add a Constant or White kernel");
   const double jitter = relative * mean_diag;
   for (index_t i = 0; i < A.rows; ++i) A(i, i) += jitter;
   return jitter;

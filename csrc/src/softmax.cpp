@@ -384,11 +384,16 @@ void check_wide_points(int C, const double* mu, const double* var, index_t n) {
       lo = std::min(lo, v[ci]);
       hi = std::max(hi, v[ci]);
     }
+    // (Every class wide: the grid's step follows the narrowest class over the widest one's reach.)
+    const std::string why = lo > kWideVariance
+                                ? "with every class wider than " + format_value(kWideVariance) +
+                                      ", the grid's step follows the narrowest class across the widest "
+                                      "one's range, and variances this far apart need more than "
+                                : "a class of variance <= " + format_value(kWideVariance) +
+                                      " beside classes this wide needs more than ";
     throw std::invalid_argument(
         "softmax: point " + std::to_string(i) + " has latent variances from " + format_value(lo) + " to " +
-        format_value(hi) + ": a class of variance <= " +
-        format_value(kWideVariance) + " beside classes this wide needs more than " +
-        std::to_string(kMaxWideNodes) +
+        format_value(hi) + ": " + why + std::to_string(kMaxWideNodes) +
         " quadrature nodes. Such variances are far beyond the data's scale: check the kernel (e.g. a "
         "Linear kernel on unscaled features) and standardise the inputs");
   }

@@ -60,7 +60,7 @@ double inducing_cholesky(const kernels::Kernel& kernel, ConstMatrixView Z, doubl
   MatrixView L(Lz.data(), M, M);
   kernel.K(Z, Z, true, L);
   if (Kzz != nullptr) Kzz->assign(Lz.data(), Lz.data() + M * M);
-  linalg::add_relative_jitter(L, jitter);
+  linalg::add_relative_jitter(L, jitter, "K(Z, Z)", "the inducing inputs Z");
   return linalg::cholesky_jitter(L).jitter;
 }
 

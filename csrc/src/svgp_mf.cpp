@@ -133,7 +133,7 @@ void factorise(const kernels::Kernel& kernel, ConstMatrixView Z, ConstMatrixView
   f.Lz.assign(static_cast<std::size_t>(M * M), 0.0);
   MatrixView Lz(f.Lz.data(), M, M);
   kernel.K(Z, Z, true, Lz);
-  linalg::add_relative_jitter(Lz, jitter);
+  linalg::add_relative_jitter(Lz, jitter, "K(Z, Z)", "the inducing inputs Z");
   f.jitter = linalg::cholesky_jitter(Lz).jitter;
 
   f.A.resize(static_cast<std::size_t>(M * N));

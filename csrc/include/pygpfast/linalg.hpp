@@ -22,8 +22,11 @@ CholeskyResult cholesky_jitter(MatrixView A, double initial_relative_jitter = 1e
 
 // Adds `relative` x mean(diag A) to the diagonal of a square A (a jitter in the matrix's own
 // units, so that it means the same for a kernel of variance 1e-9 as for one of variance 1e9);
-// returns the amount added.
-double add_relative_jitter(MatrixView A, double relative);
+// returns the amount added. A zero diagonal (a kernel that vanishes at every input, e.g. a Linear
+// kernel at inputs 0) has no scale to be relative to: LinAlgError naming `what` (the matrix) and
+// `where` (its inputs).
+double add_relative_jitter(MatrixView A, double relative, const char* what = "the kernel matrix",
+                           const char* where = "the inputs");
 
 // Reverse mode of add_relative_jitter: given G = dE/dA' for A' = A + c(A) I, c = relative x
 // mean(diag A), makes G dE/dA by adding relative x trace(G) / n to its diagonal.
