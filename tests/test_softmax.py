@@ -334,6 +334,57 @@ def test_all_wide_points_at_any_variance(big):
     np.testing.assert_allclose(Softmax(3).predict_proba(mu3[None], var3[None])[0], counts, atol=2e-4)
 
 
+@pytest.mark.parametrize("var", [10.01, 20.0, 100.0, 400.0])
+def test_wide_points_log_probabilities_far_below_the_top(var):
+    """Classes 1000 below the top one: log E[softmax_c] = -1000 + var to within e^-(1000 - 2 var)
+    (E[e^{f_c - f_top}], the other terms of the sum negligible). Above variance 10 it was
+    log(max(p, DBL_MIN)) = -708.4 for every such class, however far below; the narrow rule just
+    below 10 gives the same formula."""
+    lik = Softmax(3)
+    mu = np.array([[0.0, 1000.0, -5.0]])
+    for v in (9.99, var):
+        log_proba = lik.predict_log_proba(mu, np.full((1, 3), v))[0]
+        np.testing.assert_allclose(log_proba, [-1000.0 + v, 0.0, -1005.0 + v], rtol=1e-10, atol=1e-12)
+        log_density = lik.predict_log_density([2.0], mu, np.full((1, 3), v))
+        np.testing.assert_allclose(log_density, -1005.0 + v, rtol=1e-10)
+
+
+def log_expected_sigmoid(m, v):
+    """log E[sigmoid(d)] for d ~ N(m, v) by adaptive quadrature around the integrand's peak, in
+    log space (an independent reference for probabilities far below e^-708)."""
+    s = np.sqrt(v)
+    log_f = lambda d: special.log_expit(d) - 0.5 * ((d - m) / s) ** 2 - np.log(s * np.sqrt(2 * np.pi))
+    grid = np.linspace(m - 40 * s, max(m + 40 * s, 60.0), 20001)
+    peak_at = grid[np.argmax(log_f(grid))]
+    peak = log_f(peak_at)
+    value = sum(integrate.quad(lambda d: np.exp(log_f(d) - peak), a, b, limit=400, epsabs=0, epsrel=1e-13)[0]
+                for a, b in [(peak_at - 40 * s - 60, peak_at), (peak_at, peak_at + 40 * s + 60)])
+    return peak + np.log(value)
+
+
+@pytest.mark.parametrize("mu, var", [
+    ([0.0, 60.0], [30.0, 20.0]),      # both wide, class 0 at e^-35
+    ([-100.0, 80.0], [12.0, 400.0]),  # e^-(hundreds)
+    ([0.0, 45.0], [11.0, 0.5]),       # a narrow class on top (mixed point)
+    ([-30.0, 71.5], [10.5, 0.1]),
+])
+def test_wide_points_small_log_probabilities_against_the_logistic_integral(mu, var):
+    """Below 1e-8 a wide point's class probability is recomputed in log space by tilting: the
+    wide grid's own value rests on the Gumbel rule's tails and was off by up to 96 in log p on
+    random points (C = 4), e.g. -228.6 where the answer is -93.6. C = 2 against the logistic
+    integral in d = f0 - f1, in log space."""
+    lik = Softmax(2)
+    mu, var = np.array([mu]), np.array([var])
+    reference = log_expected_sigmoid(mu[0, 0] - mu[0, 1], var.sum())
+    assert reference < np.log(1e-8)
+    # (2e-9: the reference's quadrature; at mu = (0, 45) the answer is -39.25 - O(e^-67), which
+    # the likelihood gives to the last digit and quad to 4e-8)
+    np.testing.assert_allclose(lik.predict_log_proba(mu, var)[0, 0], reference, rtol=2e-9)
+    np.testing.assert_allclose(lik.predict_log_density([0.0], mu, var), [reference], rtol=2e-9)
+    # predict_proba keeps the wide grid's value: wrong in its digits there, not in 1e-12.
+    assert abs(lik.predict_proba(mu, var)[0, 0] - np.exp(reference)) < 1e-12
+
+
 def test_narrow_class_beside_classes_too_wide_for_the_grid_is_refused():
     # A class of variance <= 10 keeps the fine step, so the grid would need ~2.6e6 nodes: refused
     # rather than cut short (which gave silently wrong values).

@@ -402,7 +402,7 @@ void predict_log_class_probabilities(const Likelihood& lik, const double* mu, co
   validate(lik);
   require(lik.type == LikelihoodType::Softmax, "log class probabilities are defined for the softmax likelihood");
   check_marginals(mu, var, n * lik.num_classes, lik.num_classes);
-  softmax::log_class_probabilities(lik.num_classes, lik.n_gh, mu, var, n, out);
+  softmax::log_class_probabilities(lik.num_classes, lik.n_gh, mu, var, n, out, softmax::Tails::All);
 }
 
 void predict_log_density(const Likelihood& lik, const double* y, const double* mu,
@@ -443,7 +443,8 @@ void predict_log_density(const Likelihood& lik, const double* y, const double* m
     case LikelihoodType::Softmax: {
       const index_t C = lik.num_classes;
       std::vector<double> log_prob(static_cast<std::size_t>(n * C));
-      softmax::log_class_probabilities(lik.num_classes, lik.n_gh, mu, var, n, log_prob.data());
+      softmax::log_class_probabilities(lik.num_classes, lik.n_gh, mu, var, n, log_prob.data(),
+                                       softmax::Tails::Label, y);
       for (index_t i = 0; i < n; ++i) out[i] = log_prob[i * C + static_cast<index_t>(y[i])];
       return;
     }

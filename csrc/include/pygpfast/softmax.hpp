@@ -57,10 +57,19 @@ namespace pygpfast::softmax {
 void variational_expectations(int num_classes, int n_gh, const double* y, const double* mu,
                               const double* var, index_t n, double* value, double* dmu, double* dvar);
 
+// At points with a class of variance above 10, a class probability below ~1e-8 comes out of
+// the wide grid's sums with few digits (it rests on the Gumbel rule's tails: -228.6 where the
+// answer is -93.6), and below e^-708 as exp's floor; it can be recomputed exactly in log space
+// by tilting (softmax.cpp, log_tilted_probability), at ~0.3 ms a class for C = 10. Tails says
+// for which: none (class probabilities, where the difference is below 1e-8 absolute), every
+// class (log probabilities), or only class labels[i] of point i (log densities).
+enum class Tails { Skip, All, Label };
+
 // log_prob[i, c] = log E[softmax_c(f)] under the same marginals ([n, C] row-major), computed
 // in log space (no underflow for classes far below the others) and normalised so that every
-// row's probabilities sum to 1.
+// row's probabilities sum to 1. `labels` [n] is read with Tails::Label only.
 void log_class_probabilities(int num_classes, int n_gh, const double* mu, const double* var,
-                             index_t n, double* log_prob);
+                             index_t n, double* log_prob, Tails tails = Tails::Skip,
+                             const double* labels = nullptr);
 
 }  // namespace pygpfast::softmax
