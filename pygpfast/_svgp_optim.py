@@ -71,11 +71,15 @@ class Packer:
     hyperparameters.
 
     Scale: Z is packed in units of the spread (standard deviation) of its columns at
-    construction (1 where a column does not vary), and the log hyperparameters are bounded by
+    construction (1 where a column does not vary), an unwhitened q in units of
+    :attr:`q_scale`, the prior standard deviation sqrt(mean(diag Kzz)) at construction (1 when
+    whitened: v's prior is N(0, I)), and the log hyperparameters are bounded by
     :func:`pygpfast.kernels.hyper_bounds` around their starting values, so that the
     optimisers take the same steps whatever the units of the features (without it, Adam's
     steps of 0.01 on Z scatter the inducing inputs of features on a scale of 1e-3, and the
-    bounds clipped the starting lengthscales of features on a scale of 1e6).
+    bounds clipped the starting lengthscales of features on a scale of 1e6; and L-BFGS-B,
+    its gradients in u = q_mu scaled by 1 / sqrt(diag Kzz), stopped after one iteration on
+    unwhitened models of targets of order 1e-20, the hyperparameters at their start).
 
     Optimisers call :meth:`apply` every step: it sets q and Z on the model and returns the
     hyperparameters in the core's form without writing them to the kernel and likelihood
@@ -98,6 +102,12 @@ class Packer:
         self.size = self._hyper_start + self.n_kern + self.n_lik
         self._fixed_hyper = model.core_hyper()
         self.z_scale = column_spread(model.Z)
+        self.q_scale = 1.0  # (a power of two: packing and unpacking q are exact)
+        if train_q and not model.whiten:
+            diag = model.kernel.diag(model.Z)
+            top = float(np.max(diag))
+            if 0.0 < top < np.inf:
+                self.q_scale = float(power_of_two_unit(np.sqrt(np.mean(diag / top)) * np.sqrt(top)))
         # Box constraints (on the log positive parameters, none elsewhere).
         self.lower = np.full(self.size, -np.inf)
         self.upper = np.full(self.size, np.inf)
@@ -114,7 +124,7 @@ class Packer:
         parts = []
         if self.train_q:
             mu, sq = self._q_views(m.q_mu, m.q_sqrt)
-            parts += [mu.ravel(), sq[:, self.tril[0], self.tril[1]].ravel()]
+            parts += [mu.ravel() / self.q_scale, sq[:, self.tril[0], self.tril[1]].ravel() / self.q_scale]
         if self.train_Z:
             parts.append((m.Z / self.z_scale).ravel())
         if self.n_mean:
@@ -129,11 +139,11 @@ class Packer:
         m, M, L = self.model, self.M, self.L
         i = 0
         if self.train_q:
-            m.q_mu = x[: M * L].reshape(m.q_mu.shape).copy()
+            m.q_mu = x[: M * L].reshape(m.q_mu.shape) * self.q_scale
             i = M * L
             n_tril = len(self.tril[0])
             q_sqrt = np.zeros((L, M, M))
-            q_sqrt[:, self.tril[0], self.tril[1]] = x[i : i + L * n_tril].reshape(L, n_tril)
+            q_sqrt[:, self.tril[0], self.tril[1]] = x[i : i + L * n_tril].reshape(L, n_tril) * self.q_scale
             m.q_sqrt = q_sqrt.reshape(m.q_sqrt.shape)
             i += L * n_tril
         if self.train_Z:
@@ -161,7 +171,7 @@ class Packer:
         parts = []
         if self.train_q:
             mu, sq = self._q_views(g["q_mu"], g["q_sqrt"])
-            parts += [mu.ravel(), sq[:, self.tril[0], self.tril[1]].ravel()]
+            parts += [mu.ravel() * self.q_scale, sq[:, self.tril[0], self.tril[1]].ravel() * self.q_scale]
         if self.train_Z:
             parts.append((g["Z"] * self.z_scale).ravel())
         if self.n_mean:

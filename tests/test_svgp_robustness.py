@@ -260,3 +260,20 @@ def test_a_kernel_that_vanishes_at_the_inducing_inputs_is_named(method):
     with pytest.raises(np.linalg.LinAlgError, match="vanishes at the inducing inputs Z") as info:
         est.fit(X, yr if method == "kl" else yc)
     assert "kernel variance" not in str(info.value)
+
+
+@pytest.mark.parametrize("scale", [1e-20, 1e-80])
+def test_unwhitened_fit_of_targets_in_tiny_units(scale):
+    # Unwhitened q lives in f's units: its gradients scale as 1 / sqrt(diag Kzz), and L-BFGS-B
+    # stopped after one iteration with every hyperparameter at its start (R^2 0.969 against
+    # 0.998 whitened, no warning) at 1e-20; at 1e-80 a marginal variance came out NaN. The
+    # Packer now holds an unwhitened q in units of the prior's standard deviation.
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, 1)
+    y = (2 * X[:, 0] + 0.1 * rng.randn(60)) * scale
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reg = SVGPRegressor(normalize_y=False, whiten=False, n_inducing=10, max_iter=200,
+                            random_state=0).fit(X, y)
+    assert reg.score(X, y) > 0.997
+    assert reg.likelihood_.variance < 1e-2 * np.mean(y**2)  # the noise left its start, mean(y^2)
