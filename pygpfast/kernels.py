@@ -14,6 +14,8 @@ parameterisation that optimisers use (the positivity transform is ``exp``), with
 constraints :attr:`Kernel.bounds`.
 """
 
+import copy
+
 import numpy as np
 
 from . import _core
@@ -237,6 +239,38 @@ class Kernel:
         """Box constraints on :attr:`theta`, [n_params, 2]: log of :data:`PARAM_BOUNDS`."""
         return np.tile(np.log(PARAM_BOUNDS), (self.n_params, 1))
 
+    # ---- scikit-learn's parameter protocol ----
+
+    def get_params(self, deep=True):
+        """The kernel's parameters by name, in scikit-learn's protocol (dict).
+
+        A leaf kernel gives its hyperparameters (``variance``, ``lengthscale``); a sum or
+        product gives ``kernels`` and, with ``deep``, each term as ``kernels__<i>`` and that
+        term's own as ``kernels__<i>__<name>``. Through them an estimator's ``set_params`` and
+        ``GridSearchCV`` reach the kernel: ``set_params(kernel__lengthscale=2.0)``.
+        """
+        return self._get_params(deep)
+
+    def set_params(self, **params):
+        """Set parameters named as by :meth:`get_params` (nested ones with ``__``); returns
+        self. ValueError names the valid parameters when one is not."""
+        nested = {}
+        for key, value in params.items():
+            head, _, rest = key.partition("__")
+            nested.setdefault(head, {})[rest] = value
+        valid = self._get_params(deep=False)
+        for head, items in nested.items():
+            if head not in valid:
+                raise ValueError(f"invalid parameter {head!r} for kernel {self!r}; valid "
+                                 f"parameters are {sorted(valid)}")
+            self._set_param(head, items)
+        return self
+
+    def __sklearn_clone__(self):
+        # (scikit-learn's clone rebuilds an object from get_params and checks that the
+        # constructor stored each value as given; kernels store validated copies)
+        return copy.deepcopy(self)
+
     # ---- algebra ----
 
     def __add__(self, other):
@@ -320,9 +354,23 @@ class _Leaf(Kernel):
         codes += [self._code, sum(a.size for a in arrays)]
         params += arrays
 
+    def _get_params(self, deep):
+        return {f: _copy_value(getattr(self, f)) for f in self._fields}
+
+    def _set_param(self, name, items):
+        if set(items) != {""}:
+            inner = sorted(f"{name}__{k}" for k in items if k)
+            raise ValueError(f"invalid parameter {inner[0]!r} for kernel {self!r}: {name} has no "
+                             "parameters of its own")
+        setattr(self, name, items[""])
+
     def __repr__(self):
         args = ", ".join(f"{f}={_format(getattr(self, f))}" for f in self._fields)
         return f"{type(self).__name__}({args})"
+
+
+def _copy_value(value):
+    return value.copy() if isinstance(value, np.ndarray) else value
 
 
 def _format(value):
@@ -439,6 +487,9 @@ class _Combination(Kernel):
     _symbol = None
 
     def __init__(self, kernels):
+        self.kernels = self._checked_terms(kernels)
+
+    def _checked_terms(self, kernels):
         try:
             if isinstance(kernels, Kernel):  # Sum(k): not a sequence
                 raise TypeError
@@ -452,7 +503,33 @@ class _Combination(Kernel):
         for k in kernels:
             if not isinstance(k, Kernel):
                 raise ValueError(f"{type(self).__name__} takes Kernel objects, got {k!r}")
-        self.kernels = kernels
+        return kernels
+
+    def _get_params(self, deep):
+        params = {"kernels": list(self.kernels)}
+        if deep:
+            for i, k in enumerate(self.kernels):
+                params[f"kernels__{i}"] = k
+                params.update((f"kernels__{i}__{n}", v) for n, v in k.get_params(True).items())
+        return params
+
+    def _set_param(self, name, items):
+        whole = items.pop("", None)
+        if whole is not None:
+            self.kernels = self._checked_terms(whole)
+        terms = {}
+        for key, value in items.items():
+            index, _, rest = key.partition("__")
+            if not (index.isdigit() and int(index) < len(self.kernels)):
+                raise ValueError(f"invalid parameter 'kernels__{key}' for kernel {self!r}: "
+                                 f"the terms are kernels__0 to kernels__{len(self.kernels) - 1}")
+            terms.setdefault(int(index), {})[rest] = value
+        for i, sub in terms.items():
+            replacement = sub.pop("", None)
+            if replacement is not None:
+                self.kernels[i] = self._checked_terms([replacement])[0]
+            if sub:
+                self.kernels[i].set_params(**sub)
 
     def _param_arrays(self):
         return [a for k in self.kernels for a in k._param_arrays()]

@@ -306,3 +306,36 @@ def test_bad_theta_and_params_raise_value_error_and_change_nothing():
     with pytest.raises(ValueError):
         k.kernels[0].lengthscale = [1.0, 0.0]
 
+
+
+def test_nested_parameters_reach_the_kernel_from_an_estimator():
+    # scikit-learn's set_params and GridSearchCV address a kernel's hyperparameters as
+    # kernel__<name>; without get_params / set_params on the kernel they raised AttributeError
+    from sklearn.base import clone
+    from sklearn.model_selection import GridSearchCV
+
+    k = RBF() * Linear([1.0, 2.0]) + White(0.1)
+    params = k.get_params()
+    assert params["kernels__0__kernels__1__variance"].tolist() == [1.0, 2.0]
+    assert params["kernels__1"] is k.kernels[1]
+    assert set(k.get_params(deep=False)) == {"kernels"}
+    k.set_params(kernels__0__kernels__0__lengthscale=[0.5, 3.0], kernels__1=Constant(2.0))
+    assert repr(k) == ("(RBF(variance=1.0, lengthscale=[0.5, 3.0]) * Linear(variance=[1.0, 2.0]))"
+                       " + Constant(variance=2.0)")
+    for bad in ({"foo": 1.0}, {"kernels__2__variance": 1.0}, {"kernels__1__variance__x": 1.0}):
+        with pytest.raises(ValueError, match="invalid parameter"):
+            k.set_params(**bad)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        k.set_params(kernels__1__variance=-1.0)
+    copy_ = clone(k)
+    assert copy_ is not k and repr(copy_) == repr(k)
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(45, 2))
+    y = (X[:, 0] + 0.3 * rng.normal(size=45) > 0).astype(int)
+    est = pygpfast.VGPClassifier(kernel=RBF(), optimize_hyperparameters=False)
+    assert est.set_params(kernel__lengthscale=3.0).kernel.lengthscale == 3.0
+    search = GridSearchCV(est, {"kernel__lengthscale": [0.01, 1.0]}, cv=3).fit(X, y)
+    assert search.best_params_ == {"kernel__lengthscale": 1.0}
+    assert search.best_estimator_.kernel_.lengthscale == pytest.approx(1.0)
+    assert est.kernel.lengthscale == 3.0  # the search's clones leave the estimator's kernel
