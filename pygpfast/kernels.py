@@ -309,6 +309,17 @@ class Kernel:
     #   _describe(input_dim, codes, params) -> append the core description
 
 
+def _combinations(kernel):
+    """The sums and products in the tree of `kernel`, itself included when it is one."""
+    found, stack = [], [kernel]
+    while stack:
+        k = stack.pop()
+        if isinstance(k, _Combination):
+            found.append(k)
+            stack.extend(k.kernels)
+    return found
+
+
 def _operands(kernel, cls):
     """The terms of `kernel` when it is a `cls` (so that sums and products stay flat)."""
     return kernel.kernels if type(kernel) is cls else [kernel]
@@ -480,7 +491,8 @@ class White(_Leaf):
 
 
 class _Combination(Kernel):
-    """A kernel combining others; the children are held (shared), not copied."""
+    """A kernel combining others; the children are held (shared), not copied. A kernel object
+    occurs at most once in a combination's tree (ValueError otherwise)."""
 
     _code = None
     _label = None
@@ -488,6 +500,26 @@ class _Combination(Kernel):
 
     def __init__(self, kernels):
         self.kernels = self._checked_terms(kernels)
+        self._check_distinct()
+
+    def _check_distinct(self, kernels=None):
+        """ValueError when one kernel object occurs twice in the tree (of `kernels`, default
+        the terms): its hyperparameters would be listed twice in params and theta, and setting
+        them keeps the last copy only."""
+        seen = set()
+        stack = list(self.kernels if kernels is None else kernels)
+        while stack:
+            k = stack.pop()
+            if id(k) in seen:
+                raise ValueError(
+                    f"the kernel object {k!r} occurs more than once in this "
+                    f"{type(self).__name__.lower()}: its hyperparameters would be listed once per "
+                    "occurrence in params and theta, and setting them would keep the last "
+                    "occurrence's values only (a hyperparameter search would follow gradients of "
+                    "entries that change nothing). Use copy.deepcopy(k) for an independent copy.")
+            seen.add(id(k))
+            if isinstance(k, _Combination):
+                stack.extend(k.kernels)
 
     def _checked_terms(self, kernels):
         try:
@@ -515,21 +547,32 @@ class _Combination(Kernel):
 
     def _set_param(self, name, items):
         whole = items.pop("", None)
-        if whole is not None:
-            self.kernels = self._checked_terms(whole)
+        kernels = list(self.kernels) if whole is None else self._checked_terms(whole)
         terms = {}
         for key, value in items.items():
             index, _, rest = key.partition("__")
-            if not (index.isdigit() and int(index) < len(self.kernels)):
+            if not (index.isdigit() and int(index) < len(kernels)):
                 raise ValueError(f"invalid parameter 'kernels__{key}' for kernel {self!r}: "
-                                 f"the terms are kernels__0 to kernels__{len(self.kernels) - 1}")
+                                 f"the terms are kernels__0 to kernels__{len(kernels) - 1}")
             terms.setdefault(int(index), {})[rest] = value
         for i, sub in terms.items():
             replacement = sub.pop("", None)
             if replacement is not None:
-                self.kernels[i] = self._checked_terms([replacement])[0]
-            if sub:
-                self.kernels[i].set_params(**sub)
+                kernels[i] = self._checked_terms([replacement])[0]
+        self._check_distinct(kernels)
+        # (a term's own set_params checks its subtree only; a replacement deeper down that
+        # occurs elsewhere in this tree is undone)
+        terms_before = [(c, list(c.kernels)) for c in _combinations(self)]
+        self.kernels = kernels
+        try:
+            for i, sub in terms.items():
+                if sub:
+                    kernels[i].set_params(**sub)
+            self._check_distinct()
+        except ValueError:
+            for c, before in terms_before:
+                c.kernels = before
+            raise
 
     def _param_arrays(self):
         return [a for k in self.kernels for a in k._param_arrays()]

@@ -339,3 +339,21 @@ def test_nested_parameters_reach_the_kernel_from_an_estimator():
     assert search.best_params_ == {"kernel__lengthscale": 1.0}
     assert search.best_estimator_.kernel_.lengthscale == pytest.approx(1.0)
     assert est.kernel.lengthscale == 3.0  # the search's clones leave the estimator's kernel
+
+
+def test_a_kernel_object_occurs_once_in_a_combination():
+    # k + k * Matern12() listed k's hyperparameters twice, and setting theta kept the second
+    # copy only: theta[0] += 1 changed nothing while grad_theta[0] was 1263 (fuzz k02)
+    k = RBF()
+    for make in (lambda: k + k, lambda: k * k, lambda: k + k * Matern12(),
+                 lambda: Sum([k, Product([Linear(), k])]), lambda: (k + White()) * (k + White())):
+        with pytest.raises(ValueError, match="occurs more than once.*deepcopy"):
+            make()
+    s = k + copy.deepcopy(k) * Matern12()
+    theta = s.theta
+    theta[0] += 1.0
+    s.theta = theta
+    np.testing.assert_array_equal(s.theta, theta)
+    with pytest.raises(ValueError, match="occurs more than once"):
+        s.set_params(kernels__1__kernels__1=k)
+    assert repr(s.kernels[1].kernels[1]) == "Matern12(variance=1.0, lengthscale=1.0)"
