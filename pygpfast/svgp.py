@@ -724,16 +724,17 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
             labels = unique_labels(y) if classes is None else unique_labels(classes)
             self._label_encoder = LabelEncoder().fit(labels)
             self.classes_ = self._label_encoder.classes_
-            if len(self.classes_) < 2:
-                raise ValueError(
-                    "SVGPClassifier needs samples of at least 2 classes; the data contain only "
-                    f"one class: {self.classes_[0]!r}"
-                )
         elif classes is not None and not np.array_equal(unique_labels(classes), self.classes_):
             raise ValueError(f"classes={classes!r} differs from the first call's {self.classes_!r}")
         unseen = np.setdiff1d(unique_labels(y), self.classes_)
-        if unseen.size:
+        if unseen.size:  # (before the count below: classes=[0] for y in {0, 1} had "one class")
             raise ValueError(f"y contains labels not in classes_ {self.classes_!r}: {unseen!r}")
+        if first_call and len(self.classes_) < 2:
+            what = "the data contain" if classes is None else "classes holds"
+            raise ValueError(
+                f"SVGPClassifier needs samples of at least 2 classes; {what} only one class: "
+                f"{self.classes_[0]!r}"
+            )
         return self._label_encoder.transform(y).astype(np.float64)
 
     def predict_latent(self, X):

@@ -219,3 +219,14 @@ def test_regressor_normalizes_targets_and_supports_poisson(rng):
 def test_bad_input_gives_clear_errors(make, X, y, match):
     with pytest.raises(ValueError, match=match):
         make().fit(X, np.asarray(y))
+
+
+def test_partial_fit_classes_that_miss_a_label_of_y():
+    # classes=[0] for y in {0, 1} was "the data contain only one class: 0", blaming y for what
+    # classes left out; the labels outside classes are now named first.
+    X = np.random.RandomState(0).randn(20, 2)
+    y = (X[:, 0] > 0).astype(int)
+    with pytest.raises(ValueError, match=r"y contains labels not in classes_ array\(\[0\]\): array\(\[1\]\)"):
+        SVGPClassifier().partial_fit(X, y, classes=[0])
+    with pytest.raises(ValueError, match="classes holds only one class"):
+        SVGPClassifier().partial_fit(X[y == 0], y[y == 0], classes=[0])
