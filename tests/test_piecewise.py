@@ -271,6 +271,26 @@ def test_expected_bound_is_an_upper_bound_on_expected_llp(kind, R):
         assert np.all(excess >= -1e-12) and np.all(excess <= bound.max_error + 1e-12)
 
 
+@pytest.mark.parametrize("kind", ["quadratic", "linear"])
+def test_expected_bound_at_huge_variances(kind):
+    """At v = 1e30 every interior piece lies within 1e-15 of z = 0, and the closed forms'
+    differences of Phi and phi values near 0.5 and 0.4 lost everything to a v and s: E[B] was
+    3.6% above E[llp] at 1e30 and half of it from 1e60 on (quadratic), d/dv 1000 times off.
+    Reference at m = 0: E[llp] = s phi(0) + E[log(1 + e^-|x|)] = s phi(0) + pi^2 phi(0) / (6 s)
+    + O(s^-3) (quadrature misses the second term at the kink's width 1 / s); E[B] - E[llp]
+    lies in [0, max_error]; d/dv -> phi(0) / (2 s), d/dm -> 1/2."""
+    bound = llp_bound(20, kind)
+    phi0 = 1 / np.sqrt(2 * np.pi)
+    for v in [1e6, 1e10, 1e30, 1e100, 1e300]:
+        s = np.sqrt(v)
+        value, dm, dv = expected_llp_bound(bound, [0.0], [v])
+        reference = s * phi0 + np.pi**2 * phi0 / (6 * s)
+        slack = 1e-15 * reference + 1e-9
+        assert -slack <= value[0] - reference <= bound.max_error + slack
+        np.testing.assert_allclose(dv, phi0 / (2 * s), rtol=10 / s + 1e-14)
+        np.testing.assert_allclose(dm, 0.5, rtol=10 / s + 1e-14)
+
+
 def test_expected_llp_bound_matches_the_core_and_validates(restore_threads):
     bound = llp_bound(20)
     m, v = [0.5, -2.0, 3.0], [1.0, 0.0, 4.0]
