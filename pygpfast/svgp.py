@@ -480,6 +480,17 @@ class _SVGPEstimator(BaseEstimator):
                     UserWarning,
                     stacklevel=2,
                 )
+            if not is_classifier(self) and n > 1 and np.all(t == t[0]):
+                # (partial_fit's normalisation and a Poisson prior mean come from this chunk)
+                warnings.warn(
+                    f"partial_fit takes the targets' scale from the first chunk (y_mean_ and "
+                    "y_scale_; for a Poisson likelihood the prior mean's start, log mean(y)), and "
+                    f"every target of this one is {y[0]:g}: the model starts far from later "
+                    "chunks that vary (R^2 -55 on a stream whose first chunk was constant). Pass "
+                    "a first chunk representative of the data.",
+                    UserWarning,
+                    stacklevel=2,
+                )
             self._rng = check_random_state(self.random_state)
             self._set_model(self._init_model(X, t, self._rng))
             self.history_ = []

@@ -5,6 +5,8 @@ progress, and clear errors for bad input."""
 import pickle
 import tracemalloc
 
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.datasets import make_moons
@@ -230,3 +232,15 @@ def test_partial_fit_classes_that_miss_a_label_of_y():
         SVGPClassifier().partial_fit(X, y, classes=[0])
     with pytest.raises(ValueError, match="classes holds only one class"):
         SVGPClassifier().partial_fit(X[y == 0], y[y == 0], classes=[0])
+
+
+@pytest.mark.parametrize("likelihood", [None, likelihoods.Poisson()])
+def test_partial_fit_warns_about_a_constant_first_chunk(likelihood):
+    # The first chunk sets y_mean_ / y_scale_ (and a Poisson prior mean's start): a constant one
+    # left the model far from later chunks without a word (R^2 -55; Poisson rates 20% off).
+    X = np.random.RandomState(0).randn(50, 2)
+    with pytest.warns(UserWarning, match="every target of this one is 0"):
+        SVGPRegressor(likelihood=likelihood, n_inducing=5, random_state=0).partial_fit(X, np.zeros(50))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        SVGPRegressor(likelihood=likelihood, n_inducing=5, random_state=0).partial_fit(X, np.arange(50.0))
