@@ -29,7 +29,7 @@ from sklearn.base import is_classifier
 from sklearn.exceptions import ConvergenceWarning
 
 from . import _core
-from ._svgp_optim import column_spread
+from ._svgp_optim import column_spread, lbfgs_problem
 from .exceptions import NumericalWarning
 from .kernels import hyper_bounds
 
@@ -227,12 +227,12 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
             pass
         solve(False)  # a at the final Z and kernel
         # (stacklevel 5: this function, _fit_mf, _fit_encoded, fit, the caller)
-        if res is not None and not res.success:
-            reason = (f"stopped after max_iter={max_iter} iterations; increase max_iter for a "
-                      "tighter fit" if res.nit >= max_iter else
-                      f"gave up after {res.nit} iterations ({str(res.message).rstrip(': ')}); "
-                      "the fit may be far from the optimum")
-            warnings.warn(f"SVGP (mf) L-BFGS-B {reason}", ConvergenceWarning, stacklevel=5)
+        problem = None if res is None else lbfgs_problem(res, max_iter)
+        if problem is not None:
+            reason = (f"L-BFGS-B stopped after max_iter={max_iter} iterations; increase max_iter "
+                      "for a tighter fit" if problem == "max_iter" else
+                      f"{problem}; the fit may be far from the optimum")
+            warnings.warn(f"SVGP (mf): {reason}", ConvergenceWarning, stacklevel=5)
     if state["inner_failures"]:
         warnings.warn(
             f"SVGP (mf): the solve for the variational parameters a did not reach its tolerance "

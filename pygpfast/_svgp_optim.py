@@ -444,6 +444,17 @@ class _Stop(Exception):
     pass
 
 
+def lbfgs_problem(res, max_iter):
+    """Why scipy's L-BFGS-B result ``res`` is not a converged fit: None when it converged,
+    "max_iter" when it ran out of iterations, else its own reason for giving up early (a failed
+    line search, e.g. on gradients spoiled by a near-singular K(Z, Z))."""
+    if res.success:
+        return None
+    if res.nit >= max_iter:
+        return "max_iter"
+    return f"L-BFGS-B stopped after {res.nit} iterations ({str(res.message).rstrip(': ')})"
+
+
 def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
     """Full-batch L-BFGS-B on the ELBO with the paper's schedule (seed 000 section 5: "freezing
     the kernel hyper parameters at the beginning of optimization and then unfreezing them once
@@ -518,8 +529,4 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
                   max_iter if frozen else max(1, min(max_iter // 4, 100)))
     if not state["stopped"] and not frozen:
         res = run(Packer(model, train_Z=train_Z, train_hyper=train_hyper), max_iter)
-    if res is None or res.success:
-        return state["it"], None
-    if res.nit >= max_iter:
-        return state["it"], "max_iter"
-    return state["it"], f"L-BFGS-B stopped after {res.nit} iterations ({str(res.message).rstrip(': ')})"
+    return state["it"], None if res is None else lbfgs_problem(res, max_iter)

@@ -861,17 +861,18 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         y = as_vector(y, "y")
         if first_call:
             self.y_mean_, self.y_scale_ = 0.0, 1.0
-            # Moments of y / max|y|, scaled back: y * y and np.std overflowed from |y| ~ 1e154
-            # on (y_scale_ = inf and NaN predictions).
-            big = float(np.max(np.abs(y))) if y.size else 0.0
-            unit = y / big if big > 0.0 else y
+            # Moments of y in units of a power of two near max|y|, scaled back: y * y and np.std
+            # overflowed from |y| ~ 1e154 on (y_scale_ = inf and NaN predictions).
+            big = float(power_of_two_unit(y)) if y.size else 1.0
+            unit = y / big
             with np.errstate(over="ignore"):
-                power = big * big * float(np.mean(unit * unit)) if big > 0.0 else 0.0
+                power = big * big * float(np.mean(unit * unit)) if y.size else 0.0
             standardise = self.normalize_y and self._gaussian()
             if power == np.inf and self._gaussian() and not standardise:
                 raise ValueError(
-                    f"targets up to |y| = {big:.3g}: their mean square, the prior variance a "
-                    "Gaussian likelihood needs for them, overflows float64; use normalize_y=True")
+                    f"targets up to |y| = {np.max(np.abs(y)):.3g}: their mean square, the prior "
+                    "variance a Gaussian likelihood needs for them, overflows float64; use "
+                    "normalize_y=True")
             self._y_power = power if 0.0 < power < np.inf else 1.0
             if standardise:
                 std = big * float(np.std(unit))

@@ -402,7 +402,7 @@ def test_mf_rejects_multiclass():
         SVGPClassifier(method="mf", n_inducing=4).fit(X, y)
 
 
-@pytest.mark.parametrize("nit, match", [(0, "gave up after 0 iterations"), (5, "max_iter=5")])
+@pytest.mark.parametrize("nit, match", [(0, "stopped after 0 iterations"), (5, "max_iter=5")])
 def test_lbfgs_stops_are_convergence_warnings_at_the_caller(monkeypatch, nit, match):
     # An L-BFGS-B stop short of max_iter (a failed line search) counted as converged; both
     # stops now warn, from the caller's line. scipy's result is replaced by an unsuccessful one.

@@ -62,8 +62,11 @@ void check_sigma(ConstMatrixView Sigma) {
 constexpr double kLargeSitePrecision = 1e8;
 
 // The hint of a LinAlgError for a posterior precision or covariance found not positive definite,
-// from the largest lambda_i Sigma_ii.
-std::string not_positive_definite_hint(double largest) {
+// from the largest lambda_i Sigma_ii (lambda_i = weight[i]^2 when `squared`, else weight[i]).
+std::string not_positive_definite_hint(ConstMatrixView Sigma, const double* weight, bool squared) {
+  double largest = 0.0;
+  for (index_t i = 0; i < Sigma.rows; ++i)
+    largest = std::max(largest, (squared ? weight[i] * weight[i] : weight[i]) * Sigma(i, i));
   if (!(largest > kLargeSitePrecision))
     return "the kernel matrix is not numerically positive semi-definite; add a White kernel";
   std::ostringstream os;
@@ -103,13 +106,10 @@ void factor_b(ConstMatrixView Sigma, const double* s, MatrixView B, bool jitter,
     return;
   }
   const int info = blas::potrf_lower(B);
-  if (info != 0) {
-    double largest = 0.0;
-    for (index_t i = 0; i < N; ++i) largest = std::max(largest, s[i] * s[i] * Sigma(i, i));
+  if (info != 0)
     throw LinAlgError("dpotrf", info,
                       "I + Lambda^1/2 Sigma Lambda^1/2 is not numerically positive definite: " +
-                          not_positive_definite_hint(largest));
-  }
+                          not_positive_definite_hint(Sigma, s, true));
 }
 
 // Damped repetitions of a sweep that lowered the bound before residual steps take over.
@@ -305,14 +305,11 @@ class Inference {
     double& logdet = logdet_[l];
     // Applies the rule to coordinate i with current variance v_old; returns s.
     auto update = [&](index_t i, double v_old) {
-      if (!(v_old > 0.0)) {
-        double largest = 0.0;
-        for (index_t j = 0; j < N; ++j) largest = std::max(largest, lam[j] * Sigma_(j, j));
+      if (!(v_old > 0.0))
         throw LinAlgError("cvi", static_cast<int>(i + 1),
                           "the posterior covariance lost positive definiteness at point " +
                               std::to_string(i) + " (a variance rounded to <= 0 in the rank-one "
-                              "updates of V): " + not_positive_definite_hint(largest));
-      }
+                              "updates of V): " + not_positive_definite_hint(Sigma_, lam, false));
       const double c = 1.0 / v_old - lam[i];
       const double v_new = rule(i, v_old, c);
       lam[i] = 1.0 / v_new - c;

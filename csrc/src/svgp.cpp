@@ -51,8 +51,8 @@ void check_shapes(const kernels::Kernel& kernel, const Variational& q, ConstMatr
       require(std::isfinite(q.mean[l]), "svgp: prior_mean[", l, "] = ", q.mean[l], " must be finite");
 }
 
-// Lz with Lz Lz^T = K(Z, Z) + jitter mean(diag K(Z, Z)) I, and K(Z, Z) itself in `Kzz` when not null. Returns the
-// extra jitter escalation needed.
+// Lz with Lz Lz^T = K(Z, Z) + jitter mean(diag K(Z, Z)) I, and K(Z, Z) itself in `Kzz` when
+// not null. Returns the extra jitter escalation needed.
 double inducing_cholesky(const kernels::Kernel& kernel, ConstMatrixView Z, double jitter,
                          Scratch& Lz, Buffer* Kzz = nullptr) {
   const index_t M = Z.rows;
@@ -284,9 +284,11 @@ class BlockEvaluator {
       gmu[i] *= batch_.scale;
       gvar[i] *= batch_.scale;
     }
-    if (part.dmean.empty()) part.dmean.assign(static_cast<std::size_t>(L), 0.0);
-    for (index_t n = 0; n < nb; ++n)
-      for (index_t l = 0; l < L; ++l) part.dmean[l] += gmu[n * L + l];
+    if (q_.mean != nullptr) {  // (d/dmean_l = sum_n gmu_nl; no work without a prior mean)
+      if (part.dmean.empty()) part.dmean.assign(static_cast<std::size_t>(L), 0.0);
+      for (index_t n = 0; n < nb; ++n)
+        for (index_t l = 0; l < L; ++l) part.dmean[l] += gmu[n * L + l];
+    }
     part.dlik += batch_.scale * fixed_order_sum(gpar_ + n0, nb);
     MatrixView dK = precomputed ? precomputed_reverse(K, w, gmu, gvar, part) : solve_reverse(nb, w, gmu, gvar, part);
 

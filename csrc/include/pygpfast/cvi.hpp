@@ -201,9 +201,10 @@ void prior_covariance(const kernels::Kernel& kernel, ConstMatrixView X, double j
 // One evaluation of the hyperparameter objective: Sigma = prior_covariance(X),
 // inference from the warm start (alpha, lambda) (overwritten), the bound at the optimum and,
 // when grads is not null, its gradients (envelope theorem, see above; the jitter is held
-// fixed). When Pi_out [L, N, N] is not null it receives Pi_l = (Sigma + Lambda_l^-1)^-1. The
-// rank-one updates lose accuracy when Sigma is numerically singular and the site precisions are large (a conditional variance then rounds to <= 0, a LinAlgError); a
-// relative jitter of 1e-6 bounds the condition number of Sigma.
+// fixed). When Pi_out [L, N, N] is not null it receives Pi_l = (Sigma + Lambda_l^-1)^-1 (for
+// tests: prediction uses predictive_factor). The rank-one updates lose accuracy when Sigma is
+// numerically singular and the site precisions are large (a conditional variance then rounds
+// to <= 0, a LinAlgError); a relative jitter of 1e-6 bounds the condition number of Sigma.
 Result fit_step(const kernels::Kernel& kernel, const LocalBound& lb, ConstMatrixView X,
                 const double* y, const double* mean, double jitter, double* alpha,
                 double* lambda, const Options& opt, Gradients* grads, double* Pi_out);

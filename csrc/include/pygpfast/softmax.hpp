@@ -38,9 +38,10 @@
 // by Euler's constant) and the grid's step grows to s_min / 2: such a point costs about 5
 // times one below 10 whatever its variances (C = 3 at 10^6: 85 us against 70 ms on the fine
 // grid), unless they are more than ~2e8 apart (the step s_min / 2 across the widest class's
-// reach then needs more than 2^18 nodes, and the point is refused too). With a class of variance <= 10 the grid keeps the fine step, and grows with the
-// widest class's sqrt(var) (150 times the cost at var = 1000); a point that would need more
-// than 2^18 nodes (variances ~1e7 beside a narrow class) is refused with an error.
+// reach then needs more than 2^18 nodes, and the point is refused too). With a class of
+// variance <= 10 the grid keeps the fine step, and grows with the widest class's sqrt(var)
+// (150 times the cost at var = 1000); a point that would need more than 2^18 nodes
+// (variances ~1e7 beside a narrow class) is refused with an error.
 // The derivatives are those of the computed value (reparameterisation through the same nodes;
 // Price's form E[g'']/2 for the variance derivative of a class with var < 1e-10), so
 // optimisers see one deterministic objective, smooth apart from the switch at var = 10.

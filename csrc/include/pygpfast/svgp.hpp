@@ -70,7 +70,8 @@ struct Gradients {
   MatrixView Z;             // [M, D]
   double* kernel = nullptr; // [P] w.r.t. the kernel's positive parameters
   double* likelihood_variance = nullptr;  // scalar; Gaussian noise variance (0 for others)
-  double* mean = nullptr;   // [L] w.r.t. Variational::mean (= sum_n d ELL / d mu_n,l, scaled)
+  double* mean = nullptr;   // [L] w.r.t. Variational::mean (sum_n d ELL / d mu_n,l, scaled;
+                            //   0 when q.mean is null)
   // For natural-gradient steps on q: the gradients of the scaled expected log-likelihood alone
   // (the KL term excluded) with respect to the mean m_l and the covariance S_l = L_l L_l^T of
   // q, in the coordinates of q (v when whitened, u otherwise):
@@ -92,9 +93,9 @@ struct Result {
 };
 
 // Evaluate the ELBO, and its gradients when `grads` is not null. `jitter` x mean(diag Kzz) is
-// added to the diagonal of Kzz (relative, so that it means the same in any units of the targets;
-// GPflow's 1e-6 is absolute, and swamps a kernel of variance 1e-8). The likelihood's latent_dim must
-// equal q.num_latent().
+// added to the diagonal of Kzz (relative, so that it means the same in any units of the
+// targets; GPflow's 1e-6 is absolute, and swamps a kernel of variance 1e-8). The likelihood's
+// latent_dim must equal q.num_latent().
 Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, const Variational& q,
             const Batch& batch, double jitter, Gradients* grads, Path path = Path::Auto);
 
