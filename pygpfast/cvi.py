@@ -536,6 +536,7 @@ class _VGPEstimator(BaseEstimator):
     def _fit(self, X, t, local_bound, mean, learn_mean):
         rs = check_random_state(self.random_state)
         kernel = copy.deepcopy(self.kernel) if self.kernel is not None else _default_kernel(X, rs)
+        theta0 = kernel.theta
         run = _Run(self, X, t, _Hyperparameters(kernel, local_bound,
                                                 np.asarray(mean, dtype=np.float64), learn_mean))
         self._clock = time.perf_counter()
@@ -553,6 +554,9 @@ class _VGPEstimator(BaseEstimator):
                 print(f"[{type(self).__name__}] bound {self.bound_: .8e}  "
                       f"{self.n_iter_} inference iterations  "
                       f"{time.perf_counter() - self._clock:.1f} s", flush=True)
+        else:
+            _kernels.warn_if_search_stalled(self.kernel_, theta0, X, 1.0, type(self).__name__,
+                                            stacklevel=3)
         if not info["converged"]:
             warnings.warn(f"{self.method} inference did not converge in inner_max_iter="
                           f"{self.inner_max_iter} iterations; increase it or tol",

@@ -15,8 +15,10 @@ constraints :attr:`Kernel.bounds`.
 """
 
 import copy
+import warnings
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 
 from . import _core
 from ._validation import as_matrix, as_vector, check_same_dim
@@ -48,6 +50,37 @@ def hyper_bounds(theta0):
     theta0 = np.asarray(theta0, dtype=np.float64)
     lo, hi = np.log(PARAM_BOUNDS)
     return np.minimum(lo, theta0 + lo), np.maximum(hi, theta0 + hi)
+
+
+def prior_spread(kernel, X, max_rows=300):
+    """How much a draw f from the prior N(0, K) varies across the rows of X [N, D]: the mean
+    variance of f(x_i) about its average over the rows, mean_i K_ii - mean_ij K_ij (>= 0), on
+    at most `max_rows` evenly spaced rows (a float)."""
+    idx = np.unique(np.linspace(0, X.shape[0] - 1, min(X.shape[0], max_rows)).astype(np.intp))
+    K = kernel(np.asarray(X[idx], dtype=np.float64))
+    return max(0.0, float(np.mean(np.diag(K)) - np.mean(K)))
+
+
+def warn_if_search_stalled(kernel, theta0, X, scale, who, stacklevel):
+    """A ConvergenceWarning when a hyperparameter search ended where it started (no log
+    hyperparameter of `kernel` moved by 0.1 from `theta0`) on a prior that barely varies
+    across the training inputs X (:func:`prior_spread` below 1e-4 of the latent functions'
+    scale `scale`). There the bound is flat in the log hyperparameters (its gradient is of
+    the order of the spread, e.g. a variance of 1e-8, or a Linear kernel on features in units
+    of 1e-3), so L-BFGS-B's tolerances stop it at once although the optimum is far. A search
+    that moved, e.g. to a near-constant model of labels without signal, is not warned about."""
+    if np.max(np.abs(kernel.theta - theta0), initial=0.0) >= 0.1:
+        return
+    spread = prior_spread(kernel, X)
+    if spread >= 1e-4 * scale:
+        return
+    warnings.warn(
+        f"{who}: the hyperparameter search ended at its start, {kernel!r}, where a draw from "
+        f"the prior varies across the training inputs by a variance of only {spread:.3g} "
+        f"(latent scale {scale:.3g}): the bound is flat there, and the search cannot see the "
+        f"way to its optimum. Start the kernel nearer the data's scale (a variance of the "
+        f"order of {scale:.3g}, length scales of the order of the distances between inputs) or "
+        "standardise X", ConvergenceWarning, stacklevel=stacklevel + 1)
 
 # Node type codes of the core (csrc/include/pygpfast/kernels.hpp, enum KernelType).
 _RBF, _MATERN12, _MATERN32, _MATERN52, _LINEAR, _CONSTANT, _WHITE, _SUM, _PRODUCT = range(9)

@@ -374,6 +374,7 @@ class _SVGPEstimator(BaseEstimator):
         rs = check_random_state(self.random_state)
         N = X.shape[0]
         model = self._init_model(X, t, rs)
+        theta0 = model.kernel.theta
         self._set_model(model)
         self.history_ = []
         self._clock = time.perf_counter()
@@ -381,7 +382,17 @@ class _SVGPEstimator(BaseEstimator):
         if hasattr(self, "n_total_"):  # (partial_fit's; a fit weighs minibatches against N)
             del self.n_total_
         if self.method == "mf":
-            return self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
+            self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
+        else:
+            self._fit_kl(model, X, t)
+        if self.optimize_hyperparameters:
+            _kernels.warn_if_search_stalled(self.kernel_, theta0, X, self._target_scale(),
+                                            type(self).__name__, stacklevel=3)
+        return self
+
+    def _fit_kl(self, model, X, t):
+        """method='kl': L-BFGS-B or minibatch steps, as `optimizer` says (or chooses)."""
+        N = X.shape[0]
         optimizer = self._resolve_optimizer(N, streaming=False)
         self.optimizer_ = optimizer
         if optimizer == "lbfgs":
@@ -394,7 +405,7 @@ class _SVGPEstimator(BaseEstimator):
             if problem not in (None, "max_iter"):
                 warnings.warn(f"SVGP: {problem}; the fit may be far from the optimum (a "
                               "near-singular K(Z, Z)? larger jitter, distinct inducing_points or "
-                              "whiten=True can help)", ConvergenceWarning, stacklevel=3)
+                              "whiten=True can help)", ConvergenceWarning, stacklevel=4)
             self._set_model(model)
             self.elbo_ = model.elbo(X, t)[0]
             self.n_steps_ = self.n_iter_
@@ -402,7 +413,7 @@ class _SVGPEstimator(BaseEstimator):
         else:
             B = self._batch_size(N)
             self._trainer = self._make_trainer(model, optimizer, full_batch=B == N)
-            self.n_iter_, converged = self._run_epochs(minibatches(X, t, B, rs), N, B)
+            self.n_iter_, converged = self._run_epochs(minibatches(X, t, B, self._rng), N, B)
             self.n_steps_ = self._trainer.t
             unit = "epochs"
         if not converged:
@@ -411,9 +422,8 @@ class _SVGPEstimator(BaseEstimator):
                 f"the ELBO per row stopped improving by tol={self.tol:g}; increase max_iter for a "
                 "tighter fit",
                 ConvergenceWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-        return self
 
     def _run_epochs(self, batches, N, B):
         """Epochs of ceil(N / B) minibatch steps until the epoch-mean ELBO per row has not

@@ -332,3 +332,24 @@ def test_building_block_arguments_are_checked(rng):
     rounded = K.copy()
     rounded[0, 5] *= 1 + 1e-15
     assert cvi.infer(rounded, y, lb).bound == pytest.approx(cvi.infer(K, y, lb).bound, rel=1e-12)
+
+
+@pytest.mark.parametrize("variance", [1e-8, 1e-4])
+def test_a_search_stuck_on_a_flat_prior_is_a_convergence_warning(variance, rng):
+    # From RBF(variance=1e-8) the bound's gradient in log variance is ~1e-8: L-BFGS-B stopped
+    # after 0 iterations (1 from 1e-4) with the prior as the posterior, training accuracy 0.87
+    # where 1.0 is reached from variance 1, and said nothing.
+    X = rng.standard_normal((120, 3))
+    y = (np.sin(2 * X[:, 0]) + X[:, 1] > 0).astype(int)
+    with pytest.warns(ConvergenceWarning, match="ended at its start"):
+        VGPClassifier(kernel=RBF(variance=variance)).fit(X, y)
+
+
+def test_labels_without_signal_are_not_called_a_stuck_search(rng):
+    # The search moves from the default kernel to a near-constant prior: no warning.
+    X = rng.standard_normal((150, 3))
+    y = rng.integers(0, 2, 150)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = VGPClassifier().fit(X, y)
+    assert model.kernel_.params[0] < 0.5

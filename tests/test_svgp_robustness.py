@@ -277,3 +277,20 @@ def test_unwhitened_fit_of_targets_in_tiny_units(scale):
                             random_state=0).fit(X, y)
     assert reg.score(X, y) > 0.997
     assert reg.likelihood_.variance < 1e-2 * np.mean(y**2)  # the noise left its start, mean(y^2)
+
+
+@pytest.mark.parametrize("method", ["kl", "mf"])
+def test_a_search_stuck_on_a_flat_prior_is_a_convergence_warning(method):
+    # A Linear kernel (variance 1) on features in units of 1e-3: the prior varies by ~1e-6
+    # across the inputs, the ELBO's gradients are as small, and L-BFGS-B stopped after one
+    # iteration at R^2 0.001 (0.997 on the same features in units of 1), without a word.
+    rng = np.random.default_rng(0)
+    X = 1e-3 * rng.standard_normal((150, 2))
+    f = X @ np.array([2e3, -1e3])
+    Estimator, y = (SVGPRegressor, f + 0.1 * rng.standard_normal(150)) if method == "kl" else \
+        (SVGPClassifier, (f > 0).astype(int))
+    with pytest.warns(ConvergenceWarning, match="ended at its start"):
+        Estimator(kernel=kernels.Linear(), method=method, n_inducing=10, random_state=0).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Estimator(kernel=kernels.Linear(), method=method, n_inducing=10, random_state=0).fit(1e3 * X, y)
