@@ -61,11 +61,9 @@ void bind_blas(py::module_& m) {
   t.dsyr = reinterpret_cast<blas::dsyr_t>(capsule_pointer(b, bm, "dsyr"));
   t.ddot = reinterpret_cast<blas::ddot_t>(capsule_pointer(b, bm, "ddot"));
   t.daxpy = reinterpret_cast<blas::daxpy_t>(capsule_pointer(b, bm, "daxpy"));
-  t.dscal = reinterpret_cast<blas::dscal_t>(capsule_pointer(b, bm, "dscal"));
   t.dpotrf = reinterpret_cast<blas::dpotrf_t>(capsule_pointer(l, lm, "dpotrf"));
   t.dpotri = reinterpret_cast<blas::dpotri_t>(capsule_pointer(l, lm, "dpotri"));
   t.dtrtri = reinterpret_cast<blas::dtrtri_t>(capsule_pointer(l, lm, "dtrtri"));
-  t.dpotrs = reinterpret_cast<blas::dpotrs_t>(capsule_pointer(l, lm, "dpotrs"));
   t.dlauum = reinterpret_cast<blas::dlauum_t>(capsule_pointer(l, lm, "dlauum"));
   t.set_num_threads_local = find_set_num_threads_local(reinterpret_cast<void*>(t.dgemm));
   blas::set_table(t);

@@ -17,11 +17,9 @@ void dger_(int*, int*, double*, double*, int*, double*, int*, double*, int*);
 void dsyr_(char*, int*, double*, double*, int*, double*, int*);
 double ddot_(int*, double*, int*, double*, int*);
 void daxpy_(int*, double*, double*, int*, double*, int*);
-void dscal_(int*, double*, double*, int*);
 void dpotrf_(char*, int*, double*, int*, int*);
 void dpotri_(char*, int*, double*, int*, int*);
 void dtrtri_(char*, char*, int*, double*, int*, int*);
-void dpotrs_(char*, int*, int*, double*, int*, double*, int*, int*);
 void dlauum_(char*, int*, double*, int*, int*);
 // Present from OpenBLAS 0.3.27 on; weak, so older BLAS still link.
 int openblas_set_num_threads_local(int) __attribute__((weak));
@@ -52,11 +50,9 @@ void install_linked_blas() {
   t.dsyr = dsyr_;
   t.ddot = ddot_;
   t.daxpy = daxpy_;
-  t.dscal = dscal_;
   t.dpotrf = dpotrf_;
   t.dpotri = dpotri_;
   t.dtrtri = dtrtri_;
-  t.dpotrs = dpotrs_;
   t.dlauum = dlauum_;
   t.set_num_threads_local = openblas_set_num_threads_local;  // (null if absent)
   // Without the per-thread setting, BLAS calls made by the core's OpenMP threads each start

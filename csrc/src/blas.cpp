@@ -41,8 +41,7 @@ void check(bool ok, const char* routine, const char* what) {
 const std::vector<std::string>& routine_names() {
   static const std::vector<std::string> names = {
       "dgemm", "dsyrk", "dsymm",  "dtrsm",  "dtrmm",  "dgemv", "dtrsv", "dsymv",
-      "dger",  "dsyr",  "ddot",   "daxpy",  "dscal",  "dpotrf", "dpotri", "dtrtri",
-      "dpotrs", "dlauum"};
+      "dger",  "dsyr",  "ddot",   "daxpy",  "dpotrf", "dpotri", "dtrtri", "dlauum"};
   return names;
 }
 
@@ -60,11 +59,9 @@ void set_table(const Table& t) {
       reinterpret_cast<const void*>(t.dsyr),
       reinterpret_cast<const void*>(t.ddot),
       reinterpret_cast<const void*>(t.daxpy),
-      reinterpret_cast<const void*>(t.dscal),
       reinterpret_cast<const void*>(t.dpotrf),
       reinterpret_cast<const void*>(t.dpotri),
       reinterpret_cast<const void*>(t.dtrtri),
-      reinterpret_cast<const void*>(t.dpotrs),
       reinterpret_cast<const void*>(t.dlauum),
   };
   std::string missing;
@@ -222,12 +219,6 @@ void axpy(index_t n, double alpha, const double* x, double* y) {
   if (n == 0) return;
   int in = to_int(n, "axpy"), one = 1;
   table().daxpy(&in, &alpha, const_cast<double*>(x), &one, y, &one);
-}
-
-void scal(index_t n, double alpha, double* x) {
-  if (n == 0) return;
-  int in = to_int(n, "scal"), one = 1;
-  table().dscal(&in, &alpha, x, &one);
 }
 
 int potrf_lower(MatrixView A) {

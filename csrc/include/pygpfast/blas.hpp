@@ -35,11 +35,9 @@ using dger_t = void (*)(int*, int*, double*, double*, int*, double*, int*, doubl
 using dsyr_t = void (*)(char*, int*, double*, double*, int*, double*, int*);
 using ddot_t = double (*)(int*, double*, int*, double*, int*);
 using daxpy_t = void (*)(int*, double*, double*, int*, double*, int*);
-using dscal_t = void (*)(int*, double*, double*, int*);
 using dpotrf_t = void (*)(char*, int*, double*, int*, int*);
 using dpotri_t = dpotrf_t;
 using dtrtri_t = void (*)(char*, char*, int*, double*, int*, int*);
-using dpotrs_t = void (*)(char*, int*, int*, double*, int*, double*, int*, int*);
 using dlauum_t = void (*)(char*, int*, double*, int*, int*);
 // OpenBLAS (>= 0.3.27): the calling thread's BLAS thread count; returns the previous one.
 using set_num_threads_local_t = int (*)(int);
@@ -57,11 +55,9 @@ struct Table {
   dsyr_t dsyr = nullptr;
   ddot_t ddot = nullptr;
   daxpy_t daxpy = nullptr;
-  dscal_t dscal = nullptr;
   dpotrf_t dpotrf = nullptr;
   dpotri_t dpotri = nullptr;
   dtrtri_t dtrtri = nullptr;
-  dpotrs_t dpotrs = nullptr;
   dlauum_t dlauum = nullptr;
   // Optional (null when the BLAS has no per-thread setting): see threads.hpp.
   set_num_threads_local_t set_num_threads_local = nullptr;
@@ -108,7 +104,6 @@ void ger(double alpha, const double* x, const double* y, MatrixView A);
 void syr(Uplo uplo, double alpha, const double* x, MatrixView A);
 double dot(index_t n, const double* x, const double* y);
 void axpy(index_t n, double alpha, const double* x, double* y);
-void scal(index_t n, double alpha, double* x);
 
 // LAPACK. Return LAPACK's info (0 = success) instead of throwing.
 // In-place Cholesky A = L L^T of the lower triangle; the strict upper triangle is untouched.
