@@ -24,11 +24,10 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.optimize
 from sklearn.base import is_classifier
 from sklearn.exceptions import ConvergenceWarning
 
-from . import _core
+from . import _core, _threads
 from ._svgp_optim import column_spread, lbfgs_problem
 from .exceptions import NumericalWarning
 from .kernels import hyper_bounds
@@ -218,7 +217,7 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         x0 = np.concatenate(x0)
         res = None
         try:
-            res = scipy.optimize.minimize(
+            res = _threads.minimize(
                 objective, x0, jac=True, method="L-BFGS-B", bounds=bounds, callback=callback,
                 options={"maxiter": max_iter, "ftol": tol, "gtol": 1e-8},
             )

@@ -30,6 +30,7 @@ import numpy as np
 import scipy.optimize
 from scipy.linalg import lapack
 
+from . import _threads
 from .exceptions import NumericalWarning
 from .kernels import hyper_bounds
 from .likelihoods import Gaussian, Poisson
@@ -508,7 +509,7 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
                 raise _Stop
 
         try:
-            res = scipy.optimize.minimize(
+            res = _threads.minimize(
                 objective, packer.get(), jac=True, method="L-BFGS-B", callback=callback,
                 bounds=scipy.optimize.Bounds(packer.lower, packer.upper),
                 options={"maxiter": maxiter, "ftol": tol, "gtol": 1e-8},

@@ -42,7 +42,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.optimize
 import scipy.special
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
@@ -50,7 +49,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from . import _core
+from . import _core, _threads
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from .exceptions import LinAlgError
@@ -375,7 +374,7 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
                         time.perf_counter() - start))
 
     bounds = [(None, None)] * (L * N) + [(0.0, None)] * (L * N)
-    res = scipy.optimize.minimize(
+    res = _threads.minimize(
         objective, x0, jac=True, method="L-BFGS-B", bounds=bounds, callback=callback,
         options={"maxiter": int(max_iter), "maxfun": 20 * int(max_iter) + 20,
                  "ftol": float(tol), "gtol": 1e-12, "maxcor": 10})
@@ -639,7 +638,7 @@ class _VGPEstimator(BaseEstimator):
                 if callback_says_stop(self.callback(self, it, bound)):
                     raise StopIteration  # (L-BFGS-B then returns its current point)
 
-        res = scipy.optimize.minimize(
+        res = _threads.minimize(
             objective, run.hyper.get(), jac=True, method="L-BFGS-B", bounds=run.hyper.bounds(),
             callback=callback,
             options={"maxiter": self.max_iter, "ftol": _SEARCH_TOL_FACTOR * self.tol, "gtol": 1e-6})

@@ -54,17 +54,21 @@ int threads_for_blas_calls(index_t items, index_t min_per_thread) {
   return threads_for(items, min_per_thread);
 }
 
+int set_blas_threads_local(int n) {
+  if (!blas::has_table() || blas::table().set_num_threads_local == nullptr) return 0;
+  return blas::table().set_num_threads_local(n);
+}
+
 SingleThreadScope::SingleThreadScope(bool active) : active_(active) {
   if (!active_) return;
   ++single_thread_depth;
-  if (blas::has_table() && blas::table().set_num_threads_local != nullptr)
-    previous_blas_ = blas::table().set_num_threads_local(1);
+  previous_blas_ = set_blas_threads_local(1);
 }
 
 SingleThreadScope::~SingleThreadScope() {
   if (!active_) return;
   --single_thread_depth;
-  if (previous_blas_ > 0) blas::table().set_num_threads_local(previous_blas_);
+  if (previous_blas_ > 0) set_blas_threads_local(previous_blas_);
 }
 
 bool openmp_enabled() {

@@ -27,6 +27,11 @@ int threads_for(index_t items, index_t min_per_thread);
 // use the BLAS's own threads.
 int threads_for_blas_calls(index_t items, index_t min_per_thread);
 
+// Sets the calling thread's BLAS thread count to n (n <= 0: the BLAS's own default) where the
+// BLAS has a per-thread setting (OpenBLAS >= 0.3.27); returns the count before, or 0 (and
+// changes nothing) where it has none.
+int set_blas_threads_local(int n);
+
 // True when the core was compiled with OpenMP.
 bool openmp_enabled();
 
