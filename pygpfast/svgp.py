@@ -341,7 +341,12 @@ class _SVGPEstimator(BaseEstimator):
         self.model_ = model
         self.kernel_ = model.kernel
         self.likelihood_ = model.likelihood
-        self.inducing_points_ = model.Z
+
+    @property
+    def inducing_points_(self):
+        # (model_.Z itself: the optimisers replace that array at every step, and an attribute
+        # set with the model kept the starting Z after the stochastic optimisers and partial_fit.)
+        return self.model_.Z
 
     # ---------------------------------------------------------------- fitting
     def fit(self, X, y):
@@ -638,6 +643,7 @@ _COMMON_ATTRIBUTES = """
         The fitted model (kernel, likelihood, Z, q(u)).
     kernel_, likelihood_ : the fitted kernel and likelihood.
     inducing_points_ : ndarray [M, D]
+        The fitted inducing inputs (model_.Z), also during a callback.
     elbo_ : float
         The ELBO: exact after L-BFGS-B; for the stochastic optimisers the mean of the
         minibatch estimates over the last epoch (or partial_fit call), with no extra pass

@@ -277,3 +277,27 @@ def test_unwhitened_fit_of_targets_in_tiny_units(scale):
                             random_state=0).fit(X, y)
     assert reg.score(X, y) > 0.997
     assert reg.likelihood_.variance < 1e-2 * np.mean(y**2)  # the noise left its start, mean(y^2)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("optimizer", ["lbfgs", "natgrad", "adam", "adadelta"])
+def test_inducing_points_are_the_fitted_ones(optimizer):
+    # inducing_points_ was the array model_.Z held before training; the stochastic optimisers
+    # replace model_.Z at every step, so after them (and after partial_fit) it kept the k-means
+    # start, up to 0.09 away from the Z the model predicts with (5 epochs of Adam).
+    X, yc, _ = _data(200)
+    seen = []
+
+    def callback(est, iteration, elbo):
+        seen.append(np.array_equal(est.inducing_points_, est.model_.Z))
+
+    clf = SVGPClassifier(n_inducing=8, optimizer=optimizer, max_iter=3, batch_size=50,
+                         callback=callback, random_state=0).fit(X, yc)
+    start = clf.set_params(train_inducing=False, callback=None).fit(X, yc).inducing_points_
+    clf.set_params(train_inducing=True, callback=callback).fit(X, yc)
+    assert not np.array_equal(clf.model_.Z, start)
+    np.testing.assert_array_equal(clf.inducing_points_, clf.model_.Z)
+    assert len(seen) >= 6 and all(seen)  # (mid-fit too)
+    if optimizer != "lbfgs":
+        clf.partial_fit(X, yc)
+        np.testing.assert_array_equal(clf.inducing_points_, clf.model_.Z)
