@@ -856,7 +856,8 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         order = self.classes
         categories = (_ordered_categories(y) if order is None and self.likelihood == "ordinal"
                       else None)
-        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C")
+        # (copy: X_train_ must not follow the caller's array, as classes_ does not)
+        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C", copy=True)
         check_classification_targets(y)
         if categories is not None:  # (those that y uses)
             present = set(y.tolist())
@@ -1002,7 +1003,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         self._check_params()
         self._forget()
         X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C",
-                             y_numeric=True)
+                             y_numeric=True, copy=True)  # (X_train_ keeps X)
         if y.dtype.kind not in "biuf" or np.any(y < 0) or np.any(y != np.floor(y)):
             raise ValueError("y must hold counts (non-negative integers)")
         lb = LocalBound("poisson")

@@ -332,3 +332,17 @@ def test_building_block_arguments_are_checked(rng):
     rounded = K.copy()
     rounded[0, 5] *= 1 + 1e-15
     assert cvi.infer(rounded, y, lb).bound == pytest.approx(cvi.infer(K, y, lb).bound, rel=1e-12)
+
+
+@pytest.mark.parametrize("Estimator", [VGPClassifier, VGPPoissonRegressor])
+def test_the_fit_does_not_follow_the_callers_array(Estimator, rng):
+    # X_train_ was the caller's float64 array itself (validate_data copies only to convert):
+    # scaling X in place after the fit changed every prediction (p = 0.001 -> 3e-24).
+    X = rng.standard_normal((40, 2))
+    y = (X[:, 0] > 0).astype(int)
+    Xt = rng.standard_normal((5, 2))
+    est = Estimator(optimize_hyperparameters=False).fit(X, y)
+    before = est.predict(Xt) if Estimator is VGPPoissonRegressor else est.predict_proba(Xt)
+    X *= 10.0
+    after = est.predict(Xt) if Estimator is VGPPoissonRegressor else est.predict_proba(Xt)
+    np.testing.assert_array_equal(after, before)
