@@ -383,8 +383,11 @@ class _SVGPEstimator(BaseEstimator):
         self.history_ = []
         self._clock = time.perf_counter()
         self._rng, self._trainer, self.n_rows_seen_ = rs, None, N
-        if hasattr(self, "n_total_"):  # (partial_fit's; a fit weighs minibatches against N)
-            del self.n_total_
+        # (partial_fit's, as a fit weighs minibatches against N; method='mf''s, set again by
+        # _fit_mf: both described an earlier fit)
+        for stale in ("n_total_", "mf_a_"):
+            if hasattr(self, stale):
+                delattr(self, stale)
         if self.method == "mf":
             return self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
         optimizer = self._resolve_optimizer(N, streaming=False)

@@ -301,3 +301,16 @@ def test_inducing_points_are_the_fitted_ones(optimizer):
     if optimizer != "lbfgs":
         clf.partial_fit(X, yc)
         np.testing.assert_array_equal(clf.inducing_points_, clf.model_.Z)
+
+
+def test_a_kl_refit_drops_the_mean_field_locations():
+    # mf_a_ (method='mf' only) stayed after a refit with method='kl': the locations of an
+    # earlier fit, of another length when the data changed.
+    X, yc, _ = _data(60)
+    clf = SVGPClassifier(n_inducing=5, method="mf", max_iter=5, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, yc)
+        assert clf.mf_a_.shape == (60,)
+        clf.set_params(method="kl").fit(X[:40], yc[:40])
+    assert not hasattr(clf, "mf_a_")
