@@ -447,7 +447,10 @@ class _SVGPEstimator(BaseEstimator):
 
         The first call initialises the model from this chunk (default kernel, k-means
         inducing inputs) and the optimiser; later calls continue it. ``optimizer='auto'``
-        means natural gradients for q(u) with Adam on Z and the hyperparameters.
+        means natural gradients for q(u) with Adam on Z and the hyperparameters. A call that
+        raises (a callback's exception or a KeyboardInterrupt included) leaves the estimator as
+        it was before the call (unfitted before the first), so that the chunk can be passed
+        again.
 
         Parameters
         ----------
@@ -470,6 +473,24 @@ class _SVGPEstimator(BaseEstimator):
         self._check_params()
         if self.method == "mf":
             raise ValueError("method='mf' is full-batch only; partial_fit needs method='kl'")
+        # (A copy of the model and the optimiser's state, O(L M^2), against the chunk's
+        # O(n L M^2) of steps: the steps replace q and Z but update the kernel, the optimiser's
+        # moments and the random state in place, so a call stopped half-way left a mix.)
+        before = copy.deepcopy(self._fitted_state())
+        try:
+            return self._partial_fit(X, y, classes, n_total)
+        except BaseException:
+            for name in self._fitted_state():
+                delattr(self, name)
+            vars(self).update(before)
+            raise
+
+    def _fitted_state(self):
+        """The attributes that fit and partial_fit set: all but the parameters."""
+        params = self._get_param_names()
+        return {name: value for name, value in vars(self).items() if name not in params}
+
+    def _partial_fit(self, X, y, classes, n_total):
         first = not hasattr(self, "model_")
         if first and is_classifier(self) and classes is None:
             raise ValueError("classes must be passed on the first call to partial_fit")
@@ -486,7 +507,7 @@ class _SVGPEstimator(BaseEstimator):
                     f"n_inducing={self.n_inducing}. Pass a first chunk of at least n_inducing "
                     "rows, or inducing_points.",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             if not is_classifier(self) and n > 1 and np.all(t == t[0]):
                 # (partial_fit's normalisation and a Poisson prior mean come from this chunk)
@@ -497,7 +518,7 @@ class _SVGPEstimator(BaseEstimator):
                     "chunks that vary (R^2 -55 on a stream whose first chunk was constant). Pass "
                     "a first chunk representative of the data.",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             self._rng = check_random_state(self.random_state)
             self._set_model(self._init_model(X, t, self._rng))

@@ -314,3 +314,34 @@ def test_a_kl_refit_drops_the_mean_field_locations():
         assert clf.mf_a_.shape == (60,)
         clf.set_params(method="kl").fit(X[:40], yc[:40])
     assert not hasattr(clf, "mf_a_")
+
+
+@pytest.mark.parametrize("optimizer", ["natgrad", "adam"])
+def test_a_partial_fit_that_raises_leaves_the_stream_as_it_was(optimizer):
+    # partial_fit kept what a call that raised had done: the first call left a fitted model,
+    # and a later one the chunk's steps (q and Z moved, the kernel too or not, depending on
+    # where it stopped), with n_rows_seen_ already counting the chunk. Passing each chunk again
+    # then fitted it twice: probabilities 0.085 (natgrad) and 0.025 (adam) away from the
+    # uninterrupted stream's, n_iter_ 6 and n_rows_seen_ 600 for 3 chunks of 100 rows.
+    X, yc, _ = _data(300)
+    chunks = [slice(0, 100), slice(100, 200), slice(200, 300)]
+    kw = dict(n_inducing=6, optimizer=optimizer, batch_size=50, random_state=0)
+    stream = SVGPClassifier(**kw)
+    for c in chunks:
+        stream.partial_fit(X[c], yc[c], classes=[0, 1])
+
+    def interrupt(est, iteration, elbo):
+        raise KeyboardInterrupt
+
+    clf = SVGPClassifier(callback=interrupt, **kw)
+    with pytest.raises(KeyboardInterrupt):
+        clf.partial_fit(X[chunks[0]], yc[chunks[0]], classes=[0, 1])
+    with pytest.raises(NotFittedError):
+        clf.predict(X)
+    for c in chunks:
+        with pytest.raises(KeyboardInterrupt):
+            clf.set_params(callback=interrupt).partial_fit(X[c], yc[c], classes=[0, 1])
+        clf.set_params(callback=None).partial_fit(X[c], yc[c], classes=[0, 1])
+    np.testing.assert_array_equal(clf.predict_proba(X), stream.predict_proba(X))
+    assert clf.history_ == stream.history_
+    assert (clf.n_iter_, clf.n_steps_, clf.n_rows_seen_) == (3, 6, 300)
