@@ -632,6 +632,7 @@ class _VGPEstimator(BaseEstimator):
                       f"{time.perf_counter() - self._clock:.1f} s", flush=True)
             if self.callback is not None:
                 self._set_fitted(run, intermediate_result.x)  # (it may predict)
+                self.history_, self.n_iter_ = np.array(history), it  # (not the last fit's)
                 if callback_says_stop(self.callback(self, it, bound)):
                     raise StopIteration  # (L-BFGS-B then returns its current point)
 

@@ -431,7 +431,6 @@ class _SVGPEstimator(BaseEstimator):
         for epoch in range(1, self.max_iter + 1):
             t0 = time.perf_counter()
             elbo, rows = self._trainer.run(batches, steps, N)
-            self.elbo_ = elbo
             if self._report(epoch, elbo, rows / max(time.perf_counter() - t0, 1e-12)):
                 return epoch, True
             if elbo / N > best + self.tol:
@@ -538,11 +537,13 @@ class _SVGPEstimator(BaseEstimator):
         elbo, rows = self._trainer.run(minibatches(X, t, B, self._rng), steps, self.n_total_)
         self.n_iter_ += 1
         self.n_steps_ += steps
-        self.elbo_ = elbo
         self._report(self.n_iter_, elbo, rows / max(time.perf_counter() - t0, 1e-12))
         return self
 
     def _report(self, it, elbo, rows_per_s):
+        # (n_iter_ and elbo_ so far, for the callback: a refit's callback read the earlier fit's;
+        # L-BFGS-B's final elbo_ is then computed at the result)
+        self.n_iter_, self.elbo_ = it, float(elbo)
         self.history_.append(float(elbo))
         if self.verbose and it % self.verbose == 0:
             print(

@@ -345,3 +345,22 @@ def test_a_partial_fit_that_raises_leaves_the_stream_as_it_was(optimizer):
     np.testing.assert_array_equal(clf.predict_proba(X), stream.predict_proba(X))
     assert clf.history_ == stream.history_
     assert (clf.n_iter_, clf.n_steps_, clf.n_rows_seen_) == (3, 6, 300)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("kwargs", [{}, {"optimizer": "natgrad", "batch_size": 50}, {"method": "mf"}])
+def test_a_callback_reads_the_current_fit(kwargs):
+    # L-BFGS-B and method='mf' set n_iter_ and elbo_ at the end of the fit, the stochastic
+    # optimisers n_iter_: a refit's callback read the earlier fit's (n_iter_ 5 and elbo_ -22.9
+    # at iterations 1, 2, 3 whose ELBO was -67.0, -59.9, -26.7), and a checkpoint pickled by
+    # the callback of a first fit had neither.
+    X, yc, _ = _data(100)
+    seen = []
+
+    def callback(est, iteration, elbo):
+        seen.append((est.n_iter_, est.elbo_, len(est.history_)) == (iteration, elbo, iteration))
+
+    clf = SVGPClassifier(n_inducing=5, max_iter=4, random_state=0, **kwargs)
+    clf.fit(X, yc)
+    clf.set_params(max_iter=2, callback=callback).fit(X, yc)
+    assert seen and all(seen)
