@@ -635,6 +635,7 @@ class _VGPEstimator(BaseEstimator):
                       f"{time.perf_counter() - self._clock:.1f} s", flush=True)
             if self.callback is not None:
                 self._set_fitted(run, intermediate_result.x)  # (it may predict)
+                self.history_, self.n_iter_ = np.array(history), it  # (not the last fit's)
                 if callback_says_stop(self.callback(self, it, bound)):
                     raise StopIteration  # (L-BFGS-B then returns its current point)
 
@@ -859,7 +860,8 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         order = self.classes
         categories = (_ordered_categories(y) if order is None and self.likelihood == "ordinal"
                       else None)
-        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C")
+        # (copy: X_train_ must not follow the caller's array, as classes_ does not)
+        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C", copy=True)
         check_classification_targets(y)
         if categories is not None:  # (those that y uses)
             present = set(y.tolist())
@@ -1005,7 +1007,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         self._check_params()
         self._forget()
         X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C",
-                             y_numeric=True)
+                             y_numeric=True, copy=True)  # (X_train_ keeps X)
         if y.dtype.kind not in "biuf" or np.any(y < 0) or np.any(y != np.floor(y)):
             raise ValueError("y must hold counts (non-negative integers)")
         lb = LocalBound("poisson")

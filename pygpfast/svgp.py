@@ -341,7 +341,12 @@ class _SVGPEstimator(BaseEstimator):
         self.model_ = model
         self.kernel_ = model.kernel
         self.likelihood_ = model.likelihood
-        self.inducing_points_ = model.Z
+
+    @property
+    def inducing_points_(self):
+        # (model_.Z itself: the optimisers replace that array at every step, and an attribute
+        # set with the model kept the starting Z after the stochastic optimisers and partial_fit.)
+        return self.model_.Z
 
     # ---------------------------------------------------------------- fitting
     def fit(self, X, y):
@@ -379,8 +384,11 @@ class _SVGPEstimator(BaseEstimator):
         self.history_ = []
         self._clock = time.perf_counter()
         self._rng, self._trainer, self.n_rows_seen_ = rs, None, N
-        if hasattr(self, "n_total_"):  # (partial_fit's; a fit weighs minibatches against N)
-            del self.n_total_
+        # (partial_fit's, as a fit weighs minibatches against N; method='mf''s, set again by
+        # _fit_mf: both described an earlier fit)
+        for stale in ("n_total_", "mf_a_"):
+            if hasattr(self, stale):
+                delattr(self, stale)
         if self.method == "mf":
             self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
         else:
@@ -433,7 +441,6 @@ class _SVGPEstimator(BaseEstimator):
         for epoch in range(1, self.max_iter + 1):
             t0 = time.perf_counter()
             elbo, rows = self._trainer.run(batches, steps, N)
-            self.elbo_ = elbo
             if self._report(epoch, elbo, rows / max(time.perf_counter() - t0, 1e-12)):
                 return epoch, True
             if elbo / N > best + self.tol:
@@ -449,7 +456,10 @@ class _SVGPEstimator(BaseEstimator):
 
         The first call initialises the model from this chunk (default kernel, k-means
         inducing inputs) and the optimiser; later calls continue it. ``optimizer='auto'``
-        means natural gradients for q(u) with Adam on Z and the hyperparameters.
+        means natural gradients for q(u) with Adam on Z and the hyperparameters. A call that
+        raises (a callback's exception or a KeyboardInterrupt included) leaves the estimator as
+        it was before the call (unfitted before the first), so that the chunk can be passed
+        again.
 
         Parameters
         ----------
@@ -472,6 +482,24 @@ class _SVGPEstimator(BaseEstimator):
         self._check_params()
         if self.method == "mf":
             raise ValueError("method='mf' is full-batch only; partial_fit needs method='kl'")
+        # (A copy of the model and the optimiser's state, O(L M^2), against the chunk's
+        # O(n L M^2) of steps: the steps replace q and Z but update the kernel, the optimiser's
+        # moments and the random state in place, so a call stopped half-way left a mix.)
+        before = copy.deepcopy(self._fitted_state())
+        try:
+            return self._partial_fit(X, y, classes, n_total)
+        except BaseException:
+            for name in self._fitted_state():
+                delattr(self, name)
+            vars(self).update(before)
+            raise
+
+    def _fitted_state(self):
+        """The attributes that fit and partial_fit set: all but the parameters."""
+        params = self._get_param_names()
+        return {name: value for name, value in vars(self).items() if name not in params}
+
+    def _partial_fit(self, X, y, classes, n_total):
         first = not hasattr(self, "model_")
         if first and is_classifier(self) and classes is None:
             raise ValueError("classes must be passed on the first call to partial_fit")
@@ -488,7 +516,7 @@ class _SVGPEstimator(BaseEstimator):
                     f"n_inducing={self.n_inducing}. Pass a first chunk of at least n_inducing "
                     "rows, or inducing_points.",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             if not is_classifier(self) and n > 1 and np.all(t == t[0]):
                 # (partial_fit's normalisation and a Poisson prior mean come from this chunk)
@@ -499,7 +527,7 @@ class _SVGPEstimator(BaseEstimator):
                     "chunks that vary (R^2 -55 on a stream whose first chunk was constant). Pass "
                     "a first chunk representative of the data.",
                     UserWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             self._rng = check_random_state(self.random_state)
             self._set_model(self._init_model(X, t, self._rng))
@@ -519,11 +547,13 @@ class _SVGPEstimator(BaseEstimator):
         elbo, rows = self._trainer.run(minibatches(X, t, B, self._rng), steps, self.n_total_)
         self.n_iter_ += 1
         self.n_steps_ += steps
-        self.elbo_ = elbo
         self._report(self.n_iter_, elbo, rows / max(time.perf_counter() - t0, 1e-12))
         return self
 
     def _report(self, it, elbo, rows_per_s):
+        # (n_iter_ and elbo_ so far, for the callback: a refit's callback read the earlier fit's;
+        # L-BFGS-B's final elbo_ is then computed at the result)
+        self.n_iter_, self.elbo_ = it, float(elbo)
         self.history_.append(float(elbo))
         if self.verbose and it % self.verbose == 0:
             print(
@@ -648,6 +678,7 @@ _COMMON_ATTRIBUTES = """
         The fitted model (kernel, likelihood, Z, q(u)).
     kernel_, likelihood_ : the fitted kernel and likelihood.
     inducing_points_ : ndarray [M, D]
+        The fitted inducing inputs (model_.Z), also during a callback.
     elbo_ : float
         The ELBO: exact after L-BFGS-B; for the stochastic optimisers the mean of the
         minibatch estimates over the last epoch (or partial_fit call), with no extra pass

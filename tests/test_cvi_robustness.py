@@ -353,3 +353,36 @@ def test_labels_without_signal_are_not_called_a_stuck_search(rng):
         warnings.simplefilter("error")
         model = VGPClassifier().fit(X, y)
     assert model.kernel_.params[0] < 0.5
+
+
+@pytest.mark.parametrize("Estimator", [VGPClassifier, VGPPoissonRegressor])
+def test_the_fit_does_not_follow_the_callers_array(Estimator, rng):
+    # X_train_ was the caller's float64 array itself (validate_data copies only to convert):
+    # scaling X in place after the fit changed every prediction (p = 0.001 -> 3e-24).
+    X = rng.standard_normal((40, 2))
+    y = (X[:, 0] > 0).astype(int)
+    Xt = rng.standard_normal((5, 2))
+    est = Estimator(optimize_hyperparameters=False).fit(X, y)
+    before = est.predict(Xt) if Estimator is VGPPoissonRegressor else est.predict_proba(Xt)
+    X *= 10.0
+    after = est.predict(Xt) if Estimator is VGPPoissonRegressor else est.predict_proba(Xt)
+    np.testing.assert_array_equal(after, before)
+
+
+@pytest.mark.parametrize("Estimator", [VGPClassifier, VGPPoissonRegressor])
+def test_a_callback_reads_the_current_fit(Estimator, rng):
+    # history_ and n_iter_ were set at the end of the search: a refit's callback read the
+    # earlier fit's (n_iter_ 3 and three bounds at every iteration).
+    X = rng.standard_normal((30, 2))
+    y = (X[:, 0] > 0).astype(int)
+    seen = []
+
+    def callback(est, iteration, bound):
+        seen.append((est.n_iter_, list(est.history_[-1:]), len(est.history_))
+                    == (iteration, [bound], iteration) and est.bound_ == pytest.approx(bound))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = Estimator(max_iter=3).fit(X, y)
+        est.set_params(max_iter=2, callback=callback).fit(X, y)
+    assert seen and all(seen)

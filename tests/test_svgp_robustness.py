@@ -294,3 +294,90 @@ def test_a_search_stuck_on_a_flat_prior_is_a_convergence_warning(method):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Estimator(kernel=kernels.Linear(), method=method, n_inducing=10, random_state=0).fit(1e3 * X, y)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("optimizer", ["lbfgs", "natgrad", "adam", "adadelta"])
+def test_inducing_points_are_the_fitted_ones(optimizer):
+    # inducing_points_ was the array model_.Z held before training; the stochastic optimisers
+    # replace model_.Z at every step, so after them (and after partial_fit) it kept the k-means
+    # start, up to 0.09 away from the Z the model predicts with (5 epochs of Adam).
+    X, yc, _ = _data(200)
+    seen = []
+
+    def callback(est, iteration, elbo):
+        seen.append(np.array_equal(est.inducing_points_, est.model_.Z))
+
+    clf = SVGPClassifier(n_inducing=8, optimizer=optimizer, max_iter=3, batch_size=50,
+                         callback=callback, random_state=0).fit(X, yc)
+    start = clf.set_params(train_inducing=False, callback=None).fit(X, yc).inducing_points_
+    clf.set_params(train_inducing=True, callback=callback).fit(X, yc)
+    assert not np.array_equal(clf.model_.Z, start)
+    np.testing.assert_array_equal(clf.inducing_points_, clf.model_.Z)
+    assert len(seen) >= 6 and all(seen)  # (mid-fit too)
+    if optimizer != "lbfgs":
+        clf.partial_fit(X, yc)
+        np.testing.assert_array_equal(clf.inducing_points_, clf.model_.Z)
+
+
+def test_a_kl_refit_drops_the_mean_field_locations():
+    # mf_a_ (method='mf' only) stayed after a refit with method='kl': the locations of an
+    # earlier fit, of another length when the data changed.
+    X, yc, _ = _data(60)
+    clf = SVGPClassifier(n_inducing=5, method="mf", max_iter=5, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clf.fit(X, yc)
+        assert clf.mf_a_.shape == (60,)
+        clf.set_params(method="kl").fit(X[:40], yc[:40])
+    assert not hasattr(clf, "mf_a_")
+
+
+@pytest.mark.parametrize("optimizer", ["natgrad", "adam"])
+def test_a_partial_fit_that_raises_leaves_the_stream_as_it_was(optimizer):
+    # partial_fit kept what a call that raised had done: the first call left a fitted model,
+    # and a later one the chunk's steps (q and Z moved, the kernel too or not, depending on
+    # where it stopped), with n_rows_seen_ already counting the chunk. Passing each chunk again
+    # then fitted it twice: probabilities 0.085 (natgrad) and 0.025 (adam) away from the
+    # uninterrupted stream's, n_iter_ 6 and n_rows_seen_ 600 for 3 chunks of 100 rows.
+    X, yc, _ = _data(300)
+    chunks = [slice(0, 100), slice(100, 200), slice(200, 300)]
+    kw = dict(n_inducing=6, optimizer=optimizer, batch_size=50, random_state=0)
+    stream = SVGPClassifier(**kw)
+    for c in chunks:
+        stream.partial_fit(X[c], yc[c], classes=[0, 1])
+
+    def interrupt(est, iteration, elbo):
+        raise KeyboardInterrupt
+
+    clf = SVGPClassifier(callback=interrupt, **kw)
+    with pytest.raises(KeyboardInterrupt):
+        clf.partial_fit(X[chunks[0]], yc[chunks[0]], classes=[0, 1])
+    with pytest.raises(NotFittedError):
+        clf.predict(X)
+    for c in chunks:
+        with pytest.raises(KeyboardInterrupt):
+            clf.set_params(callback=interrupt).partial_fit(X[c], yc[c], classes=[0, 1])
+        clf.set_params(callback=None).partial_fit(X[c], yc[c], classes=[0, 1])
+    np.testing.assert_array_equal(clf.predict_proba(X), stream.predict_proba(X))
+    assert clf.history_ == stream.history_
+    assert (clf.n_iter_, clf.n_steps_, clf.n_rows_seen_) == (3, 6, 300)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("kwargs", [{}, {"optimizer": "natgrad", "batch_size": 50}, {"method": "mf"}])
+def test_a_callback_reads_the_current_fit(kwargs):
+    # L-BFGS-B and method='mf' set n_iter_ and elbo_ at the end of the fit, the stochastic
+    # optimisers n_iter_: a refit's callback read the earlier fit's (n_iter_ 5 and elbo_ -22.9
+    # at iterations 1, 2, 3 whose ELBO was -67.0, -59.9, -26.7), and a checkpoint pickled by
+    # the callback of a first fit had neither.
+    X, yc, _ = _data(100)
+    seen = []
+
+    def callback(est, iteration, elbo):
+        seen.append((est.n_iter_, est.elbo_, len(est.history_)) == (iteration, elbo, iteration))
+
+    clf = SVGPClassifier(n_inducing=5, max_iter=4, random_state=0, **kwargs)
+    clf.fit(X, yc)
+    clf.set_params(max_iter=2, callback=callback).fit(X, yc)
+    assert seen and all(seen)
