@@ -29,7 +29,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from . import _core, _threads
 from ._svgp_optim import column_spread, lbfgs_problem
-from .exceptions import NumericalWarning
+from .exceptions import warn_inducing_jitter
 from .kernels import hyper_bounds
 
 __all__ = ["MFFit", "check_estimator_params", "fit", "mf_bound", "mf_posterior"]
@@ -39,14 +39,9 @@ INNER_MAX_ITER = 100
 INNER_TOL = 1e-10
 
 
-def _warn_jitter(extra):
+def _warn_jitter(extra, codes, params, Z):
     if extra > 0:
-        warnings.warn(
-            f"SVGP (mf): K(Z, Z) was not numerically positive definite; added jitter {extra:.3g}. "
-            "Inducing points may be duplicated; consider fewer of them or a larger jitter.",
-            NumericalWarning,
-            stacklevel=3,
-        )
+        warn_inducing_jitter("SVGP (mf)", extra, np.mean(_core.kernel_Kdiag(codes, params, Z)))
 
 
 def mf_bound(kernel, Z, X, y, a, *, jitter=1e-6, solve_a=False, with_grad=False):
@@ -84,7 +79,7 @@ def mf_bound(kernel, Z, X, y, a, *, jitter=1e-6, solve_a=False, with_grad=False)
         codes, params, Z, X, y, a, float(jitter), bool(solve_a), INNER_MAX_ITER, INNER_TOL,
         bool(with_grad),
     )
-    _warn_jitter(extra)
+    _warn_jitter(extra, codes, params, Z)
     info = {"inner_iterations": iters, "inner_residual": resid, "inner_converged": converged}
     grads = None if g is None else {"a": g[0], "Z": g[1], "kernel": g[2]}
     return value, a_out, grads, info
@@ -100,7 +95,7 @@ def mf_posterior(kernel, Z, X, y, a, *, jitter=1e-6):
     """
     codes, params = kernel._spec(Z.shape[1])
     q_mu, q_sqrt, extra = _core.svgp_mf_posterior(codes, params, Z, X, y, a, float(jitter))
-    _warn_jitter(extra)
+    _warn_jitter(extra, codes, params, Z)
     return q_mu, q_sqrt
 
 

@@ -24,14 +24,13 @@ precision J Lambda J = R R^T (J the exchange matrix): q_sqrt = J R^-T J.
 """
 
 import time
-import warnings
 
 import numpy as np
 import scipy.optimize
 from scipy.linalg import lapack
 
 from . import _threads
-from .exceptions import NumericalWarning
+from .exceptions import warn_at_caller
 from .kernels import hyper_bounds
 from .likelihoods import Gaussian, Poisson
 
@@ -247,7 +246,8 @@ class NaturalGradient:
 
     A step whose new precision is not numerically positive definite (possible only for
     likelihoods that are not log-concave, or through rounding) is retried with half the step
-    size, up to 30 times, with a NumericalWarning; if none succeeds q is left unchanged.
+    size, up to 30 times, with a NumericalWarning the first time; if none succeeds q is left
+    unchanged.
     """
 
     _MAX_HALVINGS = 30
@@ -325,13 +325,12 @@ class NaturalGradient:
                 R = None
             if r < rho:
                 self.n_halved += 1
-                warnings.warn(
-                    f"natural-gradient step: the new precision of q(u) was not positive definite "
-                    f"at step size {rho:.3g}; "
-                    + (f"used {r:.3g}" if R is not None else "q(u) left unchanged"),
-                    NumericalWarning,
-                    stacklevel=3,
-                )
+                if self.n_halved == 1:  # (it may recur at every step: n_halved counts them)
+                    warn_at_caller(
+                        f"natural-gradient step: the new precision of q(u) was not positive "
+                        f"definite at step size {rho:.3g}; "
+                        + (f"used {r:.3g}" if R is not None else "q(u) left unchanged")
+                        + " (said once per optimiser; later steps halve as needed)")
             if R is None:
                 new_prec[l], new_shift[l] = self._prec[l], self._shift[l]
                 new_mu[:, l] = mu[:, l]

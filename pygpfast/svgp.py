@@ -33,7 +33,7 @@ from ._streaming import check_rows, iter_blocks, minibatches
 from ._svgp_optim import StochasticTrainer, fit_lbfgs, power_of_two_unit
 from ._threads import get_num_threads
 from ._validation import as_matrix, as_vector, callback_says_stop, check_int, check_same_dim
-from .exceptions import NumericalWarning
+from .exceptions import warn_inducing_jitter
 
 __all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]
 
@@ -129,7 +129,7 @@ class SVGP:
             self.whiten, X, y, float(scale), self.jitter, bool(with_grad), natural=bool(natural),
             prior_mean=self.prior_mean,
         )
-        self._warn_jitter(extra)
+        self._warn_jitter(extra, codes, params)
         if not with_grad:
             return value, None
         d_mu, d_sqrt, d_Z, d_kern, d_lik, d_mean = g
@@ -154,22 +154,17 @@ class SVGP:
 
     def predict_f(self, Xnew):
         """Mean and variance of q(f) at Xnew [T, D]: [T] each (L = 1) or [T, L]; O(M^2) per point."""
+        codes, params = self.kernel._spec(self.Z.shape[1])
         mean, var, extra = _core.svgp_predict_f(
-            *self.kernel._spec(self.Z.shape[1]), self.Z, self.q_mu, self.q_sqrt, self.whiten, Xnew, self.jitter,
+            codes, params, self.Z, self.q_mu, self.q_sqrt, self.whiten, Xnew, self.jitter,
             prior_mean=self.prior_mean,
         )
-        self._warn_jitter(extra)
+        self._warn_jitter(extra, codes, params)
         return mean, var
 
-    @staticmethod
-    def _warn_jitter(extra):
+    def _warn_jitter(self, extra, codes, params):
         if extra > 0:
-            warnings.warn(
-                f"SVGP: K(Z, Z) was not numerically positive definite; added jitter {extra:.3g}. "
-                "Inducing points may be duplicated; consider fewer of them or a larger jitter.",
-                NumericalWarning,
-                stacklevel=3,
-            )
+            warn_inducing_jitter("SVGP", extra, np.mean(_core.kernel_Kdiag(codes, params, self.Z)))
 
 
 def _as_array(a, name, shape):

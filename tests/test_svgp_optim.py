@@ -115,10 +115,16 @@ def test_indefinite_step_is_halved_with_a_warning(rng):
     X, y, Z, kernel = regression_problem(rng)
     model = SVGP(kernel, likelihoods.Gaussian(variance=0.1), Z)
     d_m, d_S = np.zeros(9), 2.0 * np.eye(9)  # target precision I - 4 I: not positive definite
+    ng = NaturalGradient()
     with pytest.warns(NumericalWarning, match="not positive definite"):
-        NaturalGradient().step(model, d_m, d_S, 0.9)
+        ng.step(model, d_m, d_S, 0.9)
     # The largest halving of 0.9 with a PD result: (1 - r) - 3 r > 0, r = 0.9 / 4.
     np.testing.assert_allclose(model.q_sqrt @ model.q_sqrt.T, np.eye(9) / (1 - 4 * 0.225), rtol=1e-12)
+    # The same optimiser halving again (as it may at every step of a fit) says nothing more.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ng.step(model, d_m, d_S, 0.9)
+    assert ng.n_halved == 2
 
 
 def test_natural_gradient_cache_follows_replaced_q(rng):

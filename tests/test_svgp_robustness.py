@@ -381,3 +381,21 @@ def test_a_callback_reads_the_current_fit(kwargs):
     clf.fit(X, yc)
     clf.set_params(max_iter=2, callback=callback).fit(X, yc)
     assert seen and all(seen)
+
+
+def test_jitter_taken_at_every_step_is_one_warning_at_the_callers_line():
+    # Duplicated inducing inputs with jitter=1e-16 need the core's jitter escalation at every
+    # step. Each step warned with the absolute jitter in its text (19 distinct messages under
+    # Python's default filter in a 30-iteration fit), pointing inside the optimiser.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((100, 2))
+    y = (X[:, 0] > 0).astype(int)
+    model = SVGPClassifier(inducing_points=np.repeat(X[:5], 2, axis=0), jitter=1e-16,
+                           train_inducing=False, optimizer="lbfgs", max_iter=30, random_state=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    assert len(caught) == 1
+    assert "times its mean diagonal" in str(caught[0].message)
+    assert caught[0].filename == __file__
