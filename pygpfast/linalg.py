@@ -2,13 +2,12 @@
 rank-one Cholesky updates)."""
 
 import numbers
-import warnings
 
 import numpy as np
 
 from . import _core
 from ._validation import as_matrix, as_vector
-from .exceptions import LinAlgError, NumericalWarning
+from .exceptions import LinAlgError, warn_at_caller
 
 __all__ = ["cholesky", "solve_lower", "cholesky_update", "cholesky_downdate"]
 
@@ -62,12 +61,8 @@ def cholesky(A, *, max_relative_jitter=1e-4):
             f"max_relative_jitter must be a finite number >= 0, got {max_relative_jitter!r}")
     L, jitter = _core.cholesky(A, 1e-10, float(max_relative_jitter))
     if jitter > 0:
-        warnings.warn(
-            f"cholesky: the matrix was not numerically positive definite; added jitter "
-            f"{jitter:.3g} to its diagonal",
-            NumericalWarning,
-            stacklevel=2,
-        )
+        warn_at_caller(f"cholesky: the matrix was not numerically positive definite; added "
+                       f"jitter {jitter:.3g} to its diagonal")
     return L
 
 

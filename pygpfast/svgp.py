@@ -14,7 +14,7 @@ import time
 import warnings
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve
+from scipy.linalg import cho_solve
 from threadpoolctl import threadpool_limits
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, is_classifier
 from sklearn.cluster import KMeans
@@ -33,7 +33,7 @@ from ._streaming import check_rows, iter_blocks, minibatches
 from ._svgp_optim import StochasticTrainer, fit_lbfgs, power_of_two_unit
 from ._threads import get_num_threads
 from ._validation import as_matrix, as_vector, callback_says_stop, check_int, check_same_dim
-from .exceptions import warn_inducing_jitter
+from .exceptions import warn_at_caller, warn_inducing_jitter
 
 __all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]
 
@@ -76,7 +76,7 @@ class SVGP:
         if q_mu is None:
             q_mu = np.zeros(mu_shape)
         if q_sqrt is None:
-            prior = np.eye(M) if self.whiten else np.linalg.cholesky(self._jittered(self.kernel(self.Z)))
+            prior = np.eye(M) if self.whiten else self._inducing_factor(self.kernel(self.Z))
             q_sqrt = np.broadcast_to(prior, sqrt_shape)
         self.q_mu = _as_array(q_mu, "q_mu", mu_shape)
         self.q_sqrt = np.tril(_as_array(q_sqrt, "q_sqrt", sqrt_shape))
@@ -143,8 +143,29 @@ class SVGP:
         (at the hyperparameters ``hyper`` of :meth:`elbo` when given)."""
         M = self.Z.shape[0]
         codes, params = (self.core_hyper() if hyper is None else hyper)[0]
-        Kzz = self._jittered(_core.kernel_K(codes, params, self.Z, None))
-        return cho_solve(cho_factor(Kzz, lower=True), np.eye(M))
+        return cho_solve((self._inducing_factor(_core.kernel_K(codes, params, self.Z, None)), True),
+                         np.eye(M))
+
+    def _inducing_factor(self, Kzz):
+        """Lower Cholesky factor of Kzz [M, M] with the model's jitter, escalated as the core
+        escalates it (with its warning), or pygpfast.LinAlgError. For the unwhitened
+        parameterisation, which it serves: a NumericalWarning when Kzz is near-singular."""
+        Kzz = self._jittered(Kzz)
+        L, extra = _core.cholesky(Kzz, 1e-10, 1e-4)
+        mean_diag = np.mean(np.diag(Kzz))
+        if extra > 0:
+            warn_inducing_jitter("SVGP", extra, mean_diag)
+        # The smallest pivot^2 bounds the smallest eigenvalue's share (on duplicated Z it is
+        # the jitter): below ~1e-7 the unwhitened ELBO is too ill-conditioned to optimise
+        # (L-BFGS-B stopped at the prior, p = 0.5 everywhere, after 0 to 2 iterations, at jitter
+        # 1e-9 to 1e-15 on duplicated Z; the default 1e-6 fits).
+        pivot = np.min(np.diag(L)) ** 2 / mean_diag
+        if pivot < 1e-7:
+            warn_at_caller(
+                f"SVGP: K(Z, Z) is near-singular (smallest Cholesky pivot^2 {pivot:.0e} of its mean "
+                "diagonal): an unwhitened q(u) cannot be optimised reliably on it; use "
+                "whiten=True, a larger jitter or distinct inducing points")
+        return L
 
     def _jittered(self, Kzz):
         """Kzz [M, M] with the jitter added in place, relative to its mean diagonal, as the core
@@ -202,6 +223,13 @@ def _init_inducing(X, M, random_state):
     with threadpool_limits(limits=threads, user_api="openmp"):
         km.fit(np.divide(sub, scale, out=sub))  # (sub is a copy already)
     return np.ascontiguousarray(km.cluster_centers_ * scale)
+
+
+def _same_param(a, b):
+    """Whether parameter values a and b are the same: equal numbers or strings, else the same
+    object (a kernel, an array)."""
+    plain = (numbers.Number, str, type(None))
+    return a is b or (isinstance(a, plain) and isinstance(b, plain) and a == b)
 
 
 def _default_kernel(X, random_state, variance=1.0):
@@ -379,6 +407,7 @@ class _SVGPEstimator(BaseEstimator):
         self.history_ = []
         self._clock = time.perf_counter()
         self._rng, self._trainer, self.n_rows_seen_ = rs, None, N
+        self._started_with = self.get_params(deep=False)  # (for partial_fit's later calls)
         # (partial_fit's, as a fit weighs minibatches against N; method='mf''s, set again by
         # _fit_mf: both described an earlier fit)
         for stale in ("n_total_", "mf_a_"):
@@ -531,6 +560,7 @@ class _SVGPEstimator(BaseEstimator):
             self.n_rows_seen_ = self.n_steps_ = 0
             self._clock = time.perf_counter()
             self._trainer = None
+        self._warn_ignored_params(optimiser_starts=self._trainer is None)
         if self._trainer is None:  # first call, or after a full-batch fit
             self.optimizer_ = self._resolve_optimizer(n, streaming=True)
             self._trainer = self._make_trainer(self.model_, self.optimizer_, full_batch=False)
@@ -544,6 +574,29 @@ class _SVGPEstimator(BaseEstimator):
         self.n_steps_ += steps
         self._report(self.n_iter_, elbo, rows / max(time.perf_counter() - t0, 1e-12))
         return self
+
+    #: What partial_fit reads only when it starts the model (the first call) or the optimiser
+    #: (the first call, or the first after a fit); it reads the other parameters at every call.
+    _MODEL_PARAMS = ("kernel", "likelihood", "n_inducing", "inducing_points", "method", "whiten",
+                     "jitter", "random_state", "normalize_y")
+    _OPTIMISER_PARAMS = ("optimizer", "learning_rate", "natgrad_step", "train_inducing",
+                         "optimize_hyperparameters")
+
+    def _warn_ignored_params(self, optimiser_starts):
+        """A UserWarning when set_params changed, since the model (or the optimiser) was
+        started, parameters that only a start reads: partial_fit would ignore them silently."""
+        params = self.get_params(deep=False)
+        started = getattr(self, "_started_with", None)
+        if started is not None:
+            names = self._MODEL_PARAMS + (() if optimiser_starts else self._OPTIMISER_PARAMS)
+            changed = [name for name in names
+                       if name in params and not _same_param(params[name], started[name])]
+            if changed:
+                warnings.warn(
+                    f"partial_fit continues the model{'' if optimiser_starts else ' and optimiser'} "
+                    f"started earlier, so it ignores the change to {', '.join(changed)} (used from "
+                    "the next fit on)", UserWarning, stacklevel=4)
+        self._started_with = params
 
     def _report(self, it, elbo, rows_per_s):
         # (n_iter_ and elbo_ so far, for the callback: a refit's callback read the earlier fit's;

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
-from pygpfast import SVGPClassifier, SVGPRegressor, kernels
+from pygpfast import NumericalWarning, SVGPClassifier, SVGPRegressor, kernels, svgp
 from pygpfast.kernels import PARAM_BOUNDS, hyper_bounds
 
 
@@ -159,19 +159,36 @@ def test_unnormalised_targets_in_the_hundreds_are_not_fitted_as_noise():
     assert reg.y_mean_ == 0.0 and reg.y_scale_ == 1.0
 
 
-def test_lbfgs_giving_up_early_is_a_convergence_warning():
-    # Duplicated inducing inputs, unwhitened, with a jitter of 1e-12: K(Z, Z) is singular to
-    # rounding, L-BFGS-B's line search failed at once ("ABNORMAL", 0 iterations), the model
-    # stayed at the prior (p = 0.5 everywhere) and the fit counted as converged (nit < max_iter).
+def test_lbfgs_giving_up_early_is_a_convergence_warning(monkeypatch):
+    # A line search that failed at once ("ABNORMAL", 0 iterations) left the model at the prior
+    # (p = 0.5 everywhere) and the fit counted as converged (nit < max_iter).
+    rng = np.random.RandomState(0)
+    X = rng.randn(80, 2)
+    y = (X[:, 0] + 0.3 * rng.randn(80) > 0).astype(int)
+    monkeypatch.setattr(svgp, "fit_lbfgs",
+                        lambda *a, **k: (0, "L-BFGS-B stopped after 0 iterations (ABNORMAL)"))
+    with pytest.warns(ConvergenceWarning, match="L-BFGS-B stopped after 0 iterations"):
+        SVGPClassifier(n_inducing=5, random_state=0).fit(X, y)
+
+
+@pytest.mark.parametrize("jitter", [1e-9, 1e-12, 1e-15])
+def test_unwhitened_on_a_near_singular_kzz_is_a_numerical_warning(jitter):
+    # Duplicated inducing inputs, unwhitened, with a jitter below 1e-7: K(Z, Z) is singular but
+    # for the jitter, L-BFGS-B stopped after 0 to 2 iterations with the model at the prior
+    # (p = 0.5 everywhere), sometimes with a ConvergenceWarning ("ABNORMAL"), sometimes
+    # without one, as rounding went.
     rng = np.random.RandomState(0)
     X = rng.randn(80, 2)
     y = (X[:, 0] + 0.3 * rng.randn(80) > 0).astype(int)
     Z = np.vstack([X[:5], X[:5]])
-    with pytest.warns(ConvergenceWarning, match="L-BFGS-B stopped after"):
-        SVGPClassifier(inducing_points=Z, whiten=False, jitter=1e-12, random_state=0).fit(X, y)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        SVGPClassifier(inducing_points=Z, whiten=False, jitter=jitter, random_state=0).fit(X, y)
+    assert any(issubclass(w.category, NumericalWarning) and "near-singular" in str(w.message)
+               for w in caught)
     with warnings.catch_warnings():  # the same inducing inputs whitened fit normally
-        warnings.simplefilter("error", ConvergenceWarning)
-        clf = SVGPClassifier(inducing_points=Z, jitter=1e-12, random_state=0).fit(X, y)
+        warnings.simplefilter("error")
+        clf = SVGPClassifier(inducing_points=Z, jitter=jitter, random_state=0).fit(X, y)
     assert clf.score(X, y) > 0.9
 
 
@@ -399,3 +416,22 @@ def test_jitter_taken_at_every_step_is_one_warning_at_the_callers_line():
     assert len(caught) == 1
     assert "times its mean diagonal" in str(caught[0].message)
     assert caught[0].filename == __file__
+
+
+def test_unwhitened_start_on_near_duplicate_inducing_inputs_escalates_the_jitter():
+    # q_sqrt's unwhitened start (the prior's Cholesky factor) came from np.linalg.cholesky
+    # without the core's jitter escalation: numpy's bare "Matrix is not positive definite"
+    # for inducing inputs 1e-12 apart with jitter=1e-16, where the whitened model fits.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((100, 2))
+    y = (X[:, 0] > 0).astype(int)
+    Z = np.vstack([X[:5], X[:5] + 1e-12])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = SVGPClassifier(inducing_points=Z, whiten=False, jitter=1e-16, max_iter=20,
+                               random_state=0).fit(X, y)
+        proba = model.predict_proba(X)  # (which needs the jitter too)
+    assert np.all(np.isfinite(proba))
+    said = [str(w.message) for w in caught if issubclass(w.category, NumericalWarning)]
+    assert any("was not numerically positive definite" in m for m in said)
+    assert any("near-singular" in m for m in said)

@@ -244,3 +244,23 @@ def test_partial_fit_warns_about_a_constant_first_chunk(likelihood):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         SVGPRegressor(likelihood=likelihood, n_inducing=5, random_state=0).partial_fit(X, np.arange(50.0))
+
+
+def test_partial_fit_says_which_changed_parameters_it_ignores():
+    # set_params between partial_fit calls: parameters that only the start of the model or of
+    # the optimiser reads (n_inducing, kernel, learning_rate, ...) were ignored silently.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 2))
+    y = (X[:, 0] > 0).astype(int)
+    model = SVGPClassifier(n_inducing=10, random_state=0)
+    model.partial_fit(X[:100], y[:100], classes=[0, 1])
+    model.set_params(n_inducing=20, learning_rate=0.1, batch_size=50)
+    with pytest.warns(UserWarning, match="ignores the change to n_inducing, learning_rate \\("):
+        model.partial_fit(X[100:200], y[100:200])
+    assert model.inducing_points_.shape == (10, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.partial_fit(X[200:], y[200:])  # (said once per change)
+        model.fit(X, y)
+        model.set_params(learning_rate=0.05)
+        model.partial_fit(X[:100], y[:100])  # (after a fit it starts a new optimiser)
