@@ -49,11 +49,12 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from . import _core, _threads
+from . import _core, _memory, _threads
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
-from .exceptions import LinAlgError
+from ._memory import check_fits, explain_memory_error
 from ._validation import array_of_matrix, callback_says_stop, check_int
+from .exceptions import LinAlgError
 from .piecewise import llp_bound
 from .svgp import _default_kernel
 
@@ -69,6 +70,8 @@ _BOUND_KINDS = ("quadratic", "linear")
 _MAX_NEWTON = 30
 #: Gauss-Hermite points for predictive probabilities (per latent function).
 _N_GH = 40
+#: Test rows per block of the ordinal likelihood's class probabilities (VGPClassifier._log_proba).
+_ORDINAL_BLOCK = 4096
 #: The hyperparameter search's relative tolerance (L-BFGS-B's ftol) in units of ``tol``. At the
 #: peers' N = 2000 task (bench/python/cvi_vs_sklearn.py) tol = 1e-9 with a factor of 10 took 40
 #: evaluations; with 1e-8 and 100, 27 to a bound 5e-3 lower (1e-5 relative) and the same
@@ -512,8 +515,32 @@ class _Run:
         return self.last[1:]
 
 
+def _kernel_gradient_matrices(kernel):
+    """N x N scratch matrices the core's kernel gradient (K_vjp, csrc/src/kernels.cpp) holds at
+    once: one for a leaf; a product holds its terms' K, the adjoint of one term and that term's
+    own scratch."""
+    if isinstance(kernel, _kernels.Product):
+        return len(kernel.kernels) + 1 + max(map(_kernel_gradient_matrices, kernel.kernels))
+    if isinstance(kernel, _kernels.Sum):
+        return max(map(_kernel_gradient_matrices, kernel.kernels))
+    return 1
+
+
+def _fit_matrices(L, kernel):
+    """N x N float64 matrices a fit holds at its peak (csrc/src/cvi.cpp, fit_step): Sigma, V_l
+    and their copy saved for the guarded sweep, and the Newton steps' B (2 L + 2); then, for the
+    gradient, Sigma, Pi_l (over V_l), B, G and the kernel gradient's scratch. The
+    Opper-Archambeau path holds K in Python where the core holds B. Measured peaks (resident
+    set, N = 3000): 5.2 N^2 doubles for "logit" and Poisson, 8.2 for "multinomial" with 3
+    classes, against 5 and 8 here."""
+    return max(2 * L + 2, L + 3 + _kernel_gradient_matrices(kernel))
+
+
 class _VGPEstimator(BaseEstimator):
     """Shared fitting logic of VGPClassifier and VGPPoissonRegressor."""
+
+    #: What to use when the N x N matrices do not fit (subclasses name their sparse peer).
+    _SPARSE_PEER = "SVGPClassifier"
 
     def _check_params(self):
         if self.method not in _METHODS:
@@ -532,17 +559,34 @@ class _VGPEstimator(BaseEstimator):
             raise ValueError(f"kernel must be a pygpfast.kernels.Kernel (an instance) or None, "
                              f"got {self.kernel!r}")
 
+    def _memory_plan(self, N, L, kernel):
+        """(bytes, what, advice) of a fit on N points with L latent functions."""
+        matrices = _fit_matrices(L, kernel)
+        available = _memory.available_bytes()
+        largest = int(np.sqrt(available / (8.0 * matrices))) if available else 0
+        subsample = f", or fit on a subsample of at most {largest} rows" if largest >= 2 else ""
+        latents = f"{L} latent functions" if L > 1 else "1 latent function"
+        what = (f"{type(self).__name__}.fit on N = {N} points ({latents}) holds {matrices} "
+                f"N x N float64 matrices at its peak, which")
+        advice = (f"a full GP's memory grows as N^2; use {self._SPARSE_PEER} (sparse, memory "
+                  f"O(N M + M^2) for M inducing points) for data this large{subsample}")
+        return 8.0 * matrices * N * N, what, advice
+
     def _fit(self, X, t, local_bound, mean, learn_mean):
         rs = check_random_state(self.random_state)
         kernel = copy.deepcopy(self.kernel) if self.kernel is not None else _default_kernel(X, rs)
         theta0 = kernel.theta
+        memory = self._memory_plan(X.shape[0], local_bound.num_latent, kernel)
+        check_fits(*memory)
         run = _Run(self, X, t, _Hyperparameters(kernel, local_bound,
                                                 np.asarray(mean, dtype=np.float64), learn_mean))
         self._clock = time.perf_counter()
         try:
-            theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
-            info, alpha, lam = self._set_fitted(run, theta)
-            self._predictive_factor()
+            with explain_memory_error(*memory):
+                theta = (self._optimise(run) if self.optimize_hyperparameters
+                         else run.hyper.get())
+                info, alpha, lam = self._set_fitted(run, theta)
+                self._predictive_factor()
         except BaseException:  # (a callback may have set the attributes of a search that failed)
             self._forget()
             raise
@@ -568,6 +612,10 @@ class _VGPEstimator(BaseEstimator):
         """Unfit: a fit that fails leaves no mix of the previous fit and this one."""
         if hasattr(self, "alpha_"):  # (what check_is_fitted looks for)
             del self.alpha_
+        # (and the previous fit's L N x N factors, which would otherwise stay allocated through
+        # the new fit's peak)
+        if hasattr(self, "predictive_factor_"):
+            del self.predictive_factor_
 
     def _set_fitted(self, run, theta):
         """The fitted attributes at theta (the final one, or the current one for a callback);
@@ -935,21 +983,26 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         # ordinal: p(y = k | z) = s(phi_k - z) - s(phi_{k-1} - z) = s(phi_k - z) s(z - phi_{k-1})
         # (1 - e^(phi_{k-1} - phi_k)), without the first factor for the last class and the second
         # for the first: a product, whose logarithm loses no digits to cancellation, averaged
-        # over the nodes in log space.
+        # over the nodes in log space. The 2 (K - 1) arrays [rows, nodes] of a block are 80 (K -
+        # 1) times its output: blocks of _ORDINAL_BLOCK rows bound them (all rows at once took
+        # 875 MiB for an output of 8 MiB at T = 2e5, K = 5).
         x, w = np.polynomial.hermite_e.hermegauss(_N_GH)
-        z = mean[:, :1] + np.sqrt(var[:, :1]) * x  # [T, nodes]
         phi = self.local_bound_.thresholds
-        below, above = [], []  # log s(phi_k - z) and log s(z - phi_k)
-        for u in (p - z for p in phi):
-            soft = np.log1p(np.exp(-np.abs(u)))  # log s(+-u) = min(+-u, 0) - soft
-            below.append(np.minimum(u, 0.0) - soft)
-            above.append(np.minimum(-u, 0.0) - soft)
         log_proba = np.empty((n, phi.size + 1))
-        for k in range(phi.size + 1):
-            terms = (below[k] if k < phi.size else 0.0) + (above[k - 1] if k > 0 else 0.0)
-            top = terms.max(axis=1)
-            gap = np.log(-np.expm1(phi[k - 1] - phi[k])) if 0 < k < phi.size else 0.0
-            log_proba[:, k] = top + np.log(np.exp(terms - top[:, None]) @ (w / w.sum())) + gap
+        for start in range(0, n, _ORDINAL_BLOCK):
+            rows = slice(start, start + _ORDINAL_BLOCK)
+            z = mean[rows, :1] + np.sqrt(var[rows, :1]) * x  # [rows, nodes]
+            below, above = [], []  # log s(phi_k - z) and log s(z - phi_k)
+            for u in (p - z for p in phi):
+                soft = np.log1p(np.exp(-np.abs(u)))  # log s(+-u) = min(+-u, 0) - soft
+                below.append(np.minimum(u, 0.0) - soft)
+                above.append(np.minimum(-u, 0.0) - soft)
+            for k in range(phi.size + 1):
+                terms = (below[k] if k < phi.size else 0.0) + (above[k - 1] if k > 0 else 0.0)
+                top = terms.max(axis=1)
+                gap = np.log(-np.expm1(phi[k - 1] - phi[k])) if 0 < k < phi.size else 0.0
+                log_proba[rows, k] = (top + np.log(np.exp(terms - top[:, None]) @ (w / w.sum()))
+                                      + gap)
         return log_proba
 
     def predict(self, X):
@@ -974,6 +1027,8 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
     ----------"""
         + _COMMON_ATTRIBUTES
     )
+
+    _SPARSE_PEER = "SVGPRegressor(likelihood=pygpfast.likelihoods.Poisson())"
 
     def __init__(self, *, kernel=None, method="fixed-point", optimize_hyperparameters=True,
                  max_iter=100, inner_max_iter=200, tol=1e-8, block_size=64, jitter=1e-6,

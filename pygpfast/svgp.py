@@ -26,9 +26,11 @@ from sklearn.utils.random import sample_without_replacement
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
 
 from . import _core
+from . import _memory
 from . import _svgp_mf
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
+from ._memory import check_fits, explain_memory_error
 from ._streaming import check_rows, iter_blocks, minibatches
 from ._svgp_optim import StochasticTrainer, fit_lbfgs, power_of_two_unit
 from ._threads import get_num_threads
@@ -255,6 +257,15 @@ def _check_auto_or_positive(value, name, upper=None):
 class _SVGPEstimator(BaseEstimator):
     """Shared fitting logic of SVGPClassifier and SVGPRegressor."""
 
+    #: Peak memory of a fit in float64 M x M matrices, (a, b) for a L + b with L latent
+    #: functions: q_sqrt and its gradient, L-BFGS-B's correction pairs over the packed q (10
+    #: pairs of L M^2 / 2 each, and its workspace), the natural gradients' precisions, Adam's
+    #: moments, the core's K(Z, Z) factors. A little under the measured peaks (resident set):
+    #: L-BFGS-B 37.5 M^2 doubles at L = 1 (M = 2100) and 155 at L = 5 (M = 1000); natgrad 16.6,
+    #: 54 and 1550 at L = 1, 5 and 200 (M = 600); Adam 19.9 at L = 1. The mean-field method
+    #: counts as L-BFGS-B.
+    _FIT_MATRICES = {"lbfgs": (28, 5), "natgrad": (7.5, 8), "adam": (12, 7), "adadelta": (12, 7)}
+
     #: optimizer="auto" uses full-batch L-BFGS-B up to this many rows.
     LBFGS_AUTO_MAX_ROWS = 10_000
     #: batch_size="auto".
@@ -349,15 +360,38 @@ class _SVGPEstimator(BaseEstimator):
         validate_data(self, X, skip_check_array=True, reset=False)
         return rows
 
-    def _init_model(self, X, t, rs):
-        kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
-                  else _default_kernel(X, rs, self._target_scale()))
+    def _memory_plan(self, M, L, optimizer):
+        """(bytes, what, advice) of a fit with M inducing points and L latent functions."""
+        optimizer = "lbfgs" if self.method == "mf" else optimizer
+        a, b = self._FIT_MATRICES[optimizer]
+        matrices = a * L + b
+        available = _memory.available_bytes()
+        largest = int(np.sqrt(available / (8.0 * matrices))) if available else 0
+        fewer = f"n_inducing at most {largest}" if largest >= 1 else "fewer inducing points"
+        if optimizer == "lbfgs" and self.method == "kl":
+            fewer += " or optimizer='natgrad' (about a third of L-BFGS-B's memory)"
+        latents = f", {L} latent functions" if L > 1 else ""
+        what = (f"{type(self).__name__}.fit (optimizer={optimizer!r}) with M = {M} inducing "
+                f"points{latents} holds about {matrices} M x M float64 matrices, which")
+        return 8.0 * matrices * M * M, what, f"memory grows as M^2; use {fewer}"
+
+    def _init_model(self, X, t, rs, optimizer):
+        """The starting SVGP; MemoryError, before the k-means of the inducing inputs, when the
+        fit cannot fit in memory."""
         if self.inducing_points is not None:
             Z = as_matrix(self.inducing_points, "inducing_points")
             check_same_dim(X, Z, "inducing_points")
+            M = Z.shape[0]
         else:
-            Z = _init_inducing(X, min(self.n_inducing, X.shape[0]), rs)
-        return SVGP(kernel, self._make_likelihood(), Z, whiten=self.whiten, jitter=self.jitter,
+            Z, M = None, min(self.n_inducing, X.shape[0])
+        likelihood = self._make_likelihood()
+        memory = self._memory_plan(M, likelihood.latent_dim, optimizer)
+        check_fits(*memory)
+        kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
+                  else _default_kernel(X, rs, self._target_scale()))
+        if Z is None:
+            Z = _init_inducing(X, M, rs)
+        return SVGP(kernel, likelihood, Z, whiten=self.whiten, jitter=self.jitter,
                     prior_mean=self._prior_mean(t))
 
     def _set_model(self, model):
@@ -401,31 +435,33 @@ class _SVGPEstimator(BaseEstimator):
     def _fit_encoded(self, X, t):
         rs = check_random_state(self.random_state)
         N = X.shape[0]
-        model = self._init_model(X, t, rs)
+        optimizer = self._resolve_optimizer(N, streaming=False)
+        model = self._init_model(X, t, rs, optimizer)
         theta0 = model.kernel.theta
-        self._set_model(model)
-        self.history_ = []
-        self._clock = time.perf_counter()
-        self._rng, self._trainer, self.n_rows_seen_ = rs, None, N
-        self._started_with = self.get_params(deep=False)  # (for partial_fit's later calls)
-        # (partial_fit's, as a fit weighs minibatches against N; method='mf''s, set again by
-        # _fit_mf: both described an earlier fit)
-        for stale in ("n_total_", "mf_a_"):
-            if hasattr(self, stale):
-                delattr(self, stale)
-        if self.method == "mf":
-            self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
-        else:
-            self._fit_kl(model, X, t)
+        with explain_memory_error(*self._memory_plan(model.num_inducing, model.num_latent,
+                                                     optimizer)):
+            self._set_model(model)
+            self.history_ = []
+            self._clock = time.perf_counter()
+            self._rng, self._trainer, self.n_rows_seen_ = rs, None, N
+            self._started_with = self.get_params(deep=False)  # (for partial_fit's later calls)
+            # (partial_fit's, as a fit weighs minibatches against N; method='mf''s, set again by
+            # _fit_mf: both described an earlier fit)
+            for stale in ("n_total_", "mf_a_"):
+                if hasattr(self, stale):
+                    delattr(self, stale)
+            if self.method == "mf":
+                self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
+            else:
+                self._fit_kl(model, X, t, optimizer)
         if self.optimize_hyperparameters:
             _kernels.warn_if_search_stalled(self.kernel_, theta0, X, self._target_scale(),
                                             type(self).__name__, stacklevel=3)
         return self
 
-    def _fit_kl(self, model, X, t):
-        """method='kl': L-BFGS-B or minibatch steps, as `optimizer` says (or chooses)."""
+    def _fit_kl(self, model, X, t, optimizer):
+        """method='kl' with the (resolved) optimizer: L-BFGS-B or minibatch steps."""
         N = X.shape[0]
-        optimizer = self._resolve_optimizer(N, streaming=False)
         self.optimizer_ = optimizer
         if optimizer == "lbfgs":
             X = np.ascontiguousarray(X, dtype=np.float64)
@@ -554,7 +590,8 @@ class _SVGPEstimator(BaseEstimator):
                     stacklevel=3,
                 )
             self._rng = check_random_state(self.random_state)
-            self._set_model(self._init_model(X, t, self._rng))
+            self._set_model(self._init_model(X, t, self._rng,
+                                             self._resolve_optimizer(n, streaming=True)))
             self.history_ = []
             self.n_iter_ = 0
             self.n_rows_seen_ = self.n_steps_ = 0
