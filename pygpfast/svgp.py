@@ -31,7 +31,7 @@ from . import _svgp_mf
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from ._memory import check_fits, explain_memory_error
-from ._streaming import check_rows, iter_blocks, minibatches
+from ._streaming import block_rows, check_rows, iter_blocks, minibatches
 from ._svgp_optim import StochasticTrainer, fit_lbfgs, power_of_two_unit
 from ._threads import get_num_threads
 from ._validation import as_matrix, as_vector, callback_says_stop, check_int, check_same_dim
@@ -691,6 +691,18 @@ class _SVGPEstimator(BaseEstimator):
             mean[start : start + len(block)], var[start : start + len(block)] = self.model_.predict_f(block)
         return mean, var
 
+    def _of_latent(self, X, per_block, width):
+        """per_block(mean, var) -> [rows, width] for the marginals of q(f) at X, a block of rows
+        at a time, into one [T, width] array: its temporaries stay those of a block (all rows
+        at once held the marginals and the likelihood's scratch for every row, about 5 times
+        the output for multi-class probabilities)."""
+        X = self._validate_X(X)
+        out = np.empty((X.shape[0], width))
+        # (a block's marginals, their likelihood's scratch and its output: ~5 width per row)
+        for start, block in iter_blocks(X, block_rows(max(X.shape[1], 5 * width))):
+            out[start : start + len(block)] = per_block(*self.model_.predict_f(block))
+        return out
+
 
 _COMMON_DOC = """
     Parameters
@@ -881,21 +893,23 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
 
     def predict_proba(self, X):
         """Class probabilities [T, C] (columns in the order of ``classes_``)."""
-        mean, var = self._latent(X)
-        if self.model_.num_latent > 1:
-            return self.likelihood_.predict_proba(mean, var)
-        p1, _ = self.likelihood_.predict_mean_and_var(mean, var)
-        p1 = np.clip(p1, 0.0, 1.0)
-        return np.column_stack([1.0 - p1, p1])
+        return self._of_latent(X, self._proba, len(self.classes_))
 
     def predict_log_proba(self, X):
         """log p(y = class | X) [T, C], computed in log space."""
-        mean, var = self._latent(X)
+        return self._of_latent(X, self._log_proba, len(self.classes_))
+
+    def _proba(self, mean, var):
+        if self.model_.num_latent > 1:
+            return self.likelihood_.predict_proba(mean, var)
+        p1 = np.clip(self.likelihood_.predict_mean_and_var(mean, var)[0], 0.0, 1.0)
+        return np.column_stack([1.0 - p1, p1])
+
+    def _log_proba(self, mean, var):
         if self.model_.num_latent > 1:
             return self.likelihood_.predict_log_proba(mean, var)
-        n = len(mean)
-        return np.column_stack([self.likelihood_.predict_log_density(np.full(n, float(c)), mean, var)
-                                for c in (0, 1)])
+        return np.column_stack([self.likelihood_.predict_log_density(np.full(len(mean), float(c)),
+                                                                     mean, var) for c in (0, 1)])
 
     def predict(self, X):
         """Most probable class [T]."""

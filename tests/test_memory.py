@@ -199,3 +199,29 @@ def test_svgp_step_memory_error_gets_context(monkeypatch):
     assert not hasattr(est, "model_")
     monkeypatch.undo()
     assert pygpfast.SVGPClassifier(n_inducing=10, max_iter=2).fit(X, y).predict(X).shape == (100,)
+
+
+def test_svgp_multiclass_probabilities_scratch_is_bounded(monkeypatch):
+    # predict_proba took the marginals of every row at once, then the softmax's scratch: a
+    # peak of 4 times its output (122 MiB for 30.5 MiB at T = 2e5, C = 20). Row blocks sized
+    # by the number of classes bound the temporaries to those of one block.
+    from pygpfast import _streaming
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(300, 3)), rng.integers(0, 10, 300)
+    with pytest.warns(Warning, match="max_iter"):  # (not converged)
+        model = SVGPClassifier(n_inducing=10, max_iter=1, random_state=0).fit(X, y)
+    T = rng.normal(size=(40_000, 3))
+    monkeypatch.setattr(_streaming, "BUFFER_BYTES", 1 << 20)  # blocks of 1 MiB
+    tracemalloc.start()
+    try:
+        proba = model.predict_proba(T)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        log_proba = model.predict_log_proba(T)
+        log_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < proba.nbytes + (6 << 20)  # (the output, 3.1 MiB, and a few MiB of blocks)
+    assert log_peak < 2 * proba.nbytes + (6 << 20)  # (both outputs held)
+    np.testing.assert_allclose(np.exp(log_proba), proba, rtol=1e-10, atol=1e-300)
