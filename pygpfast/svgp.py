@@ -691,18 +691,6 @@ class _SVGPEstimator(BaseEstimator):
             mean[start : start + len(block)], var[start : start + len(block)] = self.model_.predict_f(block)
         return mean, var
 
-    def _of_latent(self, X, per_block, width):
-        """per_block(mean, var) -> [rows, width] for the marginals of q(f) at X, a block of rows
-        at a time, into one [T, width] array: its temporaries stay those of a block (all rows
-        at once held the marginals and the likelihood's scratch for every row, about 5 times
-        the output for multi-class probabilities)."""
-        X = self._validate_X(X)
-        out = np.empty((X.shape[0], width))
-        # (a block's marginals, their likelihood's scratch and its output: ~5 width per row)
-        for start, block in iter_blocks(X, block_rows(max(X.shape[1], 5 * width))):
-            out[start : start + len(block)] = per_block(*self.model_.predict_f(block))
-        return out
-
 
 _COMMON_DOC = """
     Parameters
@@ -891,13 +879,26 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
         with a Bernoulli likelihood, [T, C] with the softmax."""
         return self._latent(X)
 
+    def _of_latent(self, X, per_block):
+        """per_block(mean, var) -> [rows, C] for the marginals of q(f) at X, a block of rows at a
+        time, into one [T, C] array: its temporaries stay those of a block (all rows
+        at once held the marginals and the likelihood's scratch for every row, about 5 times
+        the output for multi-class probabilities)."""
+        X = self._validate_X(X)
+        width = len(self.classes_)
+        out = np.empty((X.shape[0], width))
+        # (a block's marginals, their likelihood's scratch and its output: ~5 width per row)
+        for start, block in iter_blocks(X, block_rows(max(X.shape[1], 5 * width))):
+            out[start : start + len(block)] = per_block(*self.model_.predict_f(block))
+        return out
+
     def predict_proba(self, X):
         """Class probabilities [T, C] (columns in the order of ``classes_``)."""
-        return self._of_latent(X, self._proba, len(self.classes_))
+        return self._of_latent(X, self._proba)
 
     def predict_log_proba(self, X):
         """log p(y = class | X) [T, C], computed in log space."""
-        return self._of_latent(X, self._log_proba, len(self.classes_))
+        return self._of_latent(X, self._log_proba)
 
     def _proba(self, mean, var):
         if self.model_.num_latent > 1:
