@@ -91,3 +91,37 @@ def test_minimize_runs_scipy_on_one_blas_thread_and_the_objective_on_all(monkeyp
     assert value == 3.0
     assert seen == {"scipy": 1, "objective": 2, "callback": 2, "scipy after": 1}
     assert _blas_threads_here() == 2
+
+
+_FORK_SCRIPT = """
+import multiprocessing as mp
+import numpy as np
+import pygpfast
+
+pygpfast.set_num_threads(2)
+rng = np.random.default_rng(0)
+X = rng.standard_normal((600, 4))
+y = (X[:, 0] > 0).astype(int)
+
+def fit(seed):
+    model = pygpfast.VGPClassifier(max_iter=2, random_state=seed).fit(X, y)
+    return pygpfast.get_num_threads(), model.score(X, y)
+
+parent = fit(0)
+with mp.get_context("fork").Pool(2) as pool:
+    children = pool.map(fit, [1, 2])
+print(parent[0], [c[0] for c in children], parent[1] == children[0][1] == children[1][1])
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_child_forked_after_parallel_work_runs_on_one_thread(tmp_path):
+    # GNU OpenMP is not fork-safe: after a fit on 2 threads in the parent, the same fit in a
+    # multiprocessing 'fork' worker waited forever for the parent's pool threads.
+    if not pygpfast._core.openmp_enabled():
+        pytest.skip("core built without OpenMP")
+    package_root = os.path.dirname(os.path.dirname(pygpfast.__file__))
+    env = dict(os.environ, PYTHONPATH=package_root, PYTHONWARNINGS="ignore")
+    out = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split("\n")[0] == "2 [1, 1] True"

@@ -8,6 +8,10 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#define PYGPFAST_HAVE_ATFORK 1
+#endif
 
 namespace pygpfast {
 namespace {
@@ -28,9 +32,26 @@ std::atomic<int>& thread_setting() {
 // Depth of SingleThreadScope objects alive on this thread.
 thread_local int single_thread_depth = 0;
 
+// GNU OpenMP is not fork-safe: a child forked after the parent ran a team of threads inherits
+// the pool's bookkeeping but not its threads, and its next team waits for them forever (an
+// SVGP fit in a multiprocessing 'fork' worker hung after one in the parent). So a team started
+// here marks the process, and a child forked after that runs the core on one thread.
+std::atomic<bool> team_started{false};
+std::atomic<bool> forked_after_team{false};
+
+#ifdef PYGPFAST_HAVE_ATFORK
+void on_fork_in_child() {
+  if (team_started.load(std::memory_order_relaxed)) forked_after_team.store(true, std::memory_order_relaxed);
+}
+const int atfork_registered = pthread_atfork(nullptr, nullptr, on_fork_in_child);
+#endif
+
 }  // namespace
 
-int get_num_threads() { return thread_setting().load(std::memory_order_relaxed); }
+int get_num_threads() {
+  if (forked_after_team.load(std::memory_order_relaxed)) return 1;
+  return thread_setting().load(std::memory_order_relaxed);
+}
 
 void set_num_threads(int n) {
 #ifdef _OPENMP
@@ -44,9 +65,11 @@ void set_num_threads(int n) {
 int threads_for(index_t items, index_t min_per_thread) {
   if (single_thread_depth > 0) return 1;
   const int n = get_num_threads();
-  if (n <= 1 || min_per_thread <= 0) return std::max(1, n);
-  const index_t useful = items / min_per_thread;
-  return static_cast<int>(std::max<index_t>(1, std::min<index_t>(n, useful)));
+  const int threads = n <= 1 || min_per_thread <= 0
+                          ? std::max(1, n)
+                          : static_cast<int>(std::max<index_t>(1, std::min<index_t>(n, items / min_per_thread)));
+  if (threads > 1) team_started.store(true, std::memory_order_relaxed);
+  return threads;
 }
 
 int threads_for_blas_calls(index_t items, index_t min_per_thread) {
