@@ -597,7 +597,9 @@ class _SVGPEstimator(BaseEstimator):
             self.n_rows_seen_ = self.n_steps_ = 0
             self._clock = time.perf_counter()
             self._trainer = None
-        self._warn_ignored_params(optimiser_starts=self._trainer is None)
+            self._started_with = self.get_params(deep=False)
+        else:
+            self._warn_ignored_params(optimiser_starts=self._trainer is None)
         if self._trainer is None:  # first call, or after a full-batch fit
             self.optimizer_ = self._resolve_optimizer(n, streaming=True)
             self._trainer = self._make_trainer(self.model_, self.optimizer_, full_batch=False)
@@ -622,17 +624,15 @@ class _SVGPEstimator(BaseEstimator):
     def _warn_ignored_params(self, optimiser_starts):
         """A UserWarning when set_params changed, since the model (or the optimiser) was
         started, parameters that only a start reads: partial_fit would ignore them silently."""
-        params = self.get_params(deep=False)
-        started = getattr(self, "_started_with", None)
-        if started is not None:
-            names = self._MODEL_PARAMS + (() if optimiser_starts else self._OPTIMISER_PARAMS)
-            changed = [name for name in names
-                       if name in params and not _same_param(params[name], started[name])]
-            if changed:
-                warnings.warn(
-                    f"partial_fit continues the model{'' if optimiser_starts else ' and optimiser'} "
-                    f"started earlier, so it ignores the change to {', '.join(changed)} (used from "
-                    "the next fit on)", UserWarning, stacklevel=4)
+        params, started = self.get_params(deep=False), self._started_with
+        names = self._MODEL_PARAMS + (() if optimiser_starts else self._OPTIMISER_PARAMS)
+        changed = [name for name in names
+                   if name in params and not _same_param(params[name], started[name])]
+        if changed:
+            warnings.warn(
+                f"partial_fit continues the model{'' if optimiser_starts else ' and optimiser'} "
+                f"started earlier, so it ignores the change to {', '.join(changed)} (used from "
+                "the next fit on)", UserWarning, stacklevel=4)
         self._started_with = params
 
     def _report(self, it, elbo, rows_per_s):

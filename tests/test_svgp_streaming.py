@@ -264,3 +264,18 @@ def test_partial_fit_says_which_changed_parameters_it_ignores():
         model.fit(X, y)
         model.set_params(learning_rate=0.05)
         model.partial_fit(X[:100], y[:100])  # (after a fit it starts a new optimiser)
+
+
+def test_partial_fit_after_a_failed_fit_does_not_compare_with_it():
+    # The failed fit's parameters are not a start that partial_fit continues.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((100, 2))
+    y = (X[:, 0] > 0).astype(int)
+    model = SVGPClassifier(n_inducing=10, random_state=0, callback=lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        model.fit(X, y)
+    model.set_params(callback=None, n_inducing=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.partial_fit(X, y, classes=[0, 1])
+    assert model.inducing_points_.shape == (5, 2)
