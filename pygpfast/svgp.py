@@ -362,7 +362,8 @@ class _SVGPEstimator(BaseEstimator):
 
     def _memory_plan(self, M, L, optimizer):
         """(bytes, what, advice) of a fit with M inducing points and L latent functions."""
-        optimizer = "lbfgs" if self.method == "mf" else optimizer
+        how = "method='mf'" if self.method == "mf" else f"optimizer={optimizer!r}"
+        optimizer = "lbfgs" if self.method == "mf" else optimizer  # (its L-BFGS-B's count)
         a, b = self._FIT_MATRICES[optimizer]
         matrices = a * L + b
         available = _memory.available_bytes()
@@ -371,7 +372,7 @@ class _SVGPEstimator(BaseEstimator):
         if optimizer == "lbfgs" and self.method == "kl":
             fewer += " or optimizer='natgrad' (about a third of L-BFGS-B's memory)"
         latents = f", {L} latent functions" if L > 1 else ""
-        what = (f"{type(self).__name__}.fit (optimizer={optimizer!r}) with M = {M} inducing "
+        what = (f"{type(self).__name__}.fit ({how}) with M = {M} inducing "
                 f"points{latents} holds about {matrices} M x M float64 matrices, which")
         return 8.0 * matrices * M * M, what, f"memory grows as M^2; use {fewer}"
 

@@ -225,3 +225,15 @@ def test_svgp_multiclass_probabilities_scratch_is_bounded(monkeypatch):
     assert peak < proba.nbytes + (6 << 20)  # (the output, 3.1 MiB, and a few MiB of blocks)
     assert log_peak < 2 * proba.nbytes + (6 << 20)  # (both outputs held)
     np.testing.assert_allclose(np.exp(log_proba), proba, rtol=1e-10, atol=1e-300)
+
+
+def test_svgp_mf_refusal_names_the_method(available, monkeypatch):
+    # (it said optimizer='lbfgs', which the user had not asked for, and suggested 'natgrad',
+    # which method='mf' does not take)
+    rng = np.random.default_rng(9)
+    X, y = binary(100, rng)
+    monkeypatch.setattr(svgp, "_init_inducing", no_core_call)
+    available(1000)
+    with pytest.raises(MemoryError) as e:
+        SVGPClassifier(n_inducing=50, method="mf").fit(X, y)
+    assert "(method='mf')" in str(e.value) and "natgrad" not in str(e.value)
