@@ -24,8 +24,10 @@ def set_num_threads(n=None):
     Parameters
     ----------
     n : int or None
-        ``n >= 1`` uses n threads; ``None`` (or ``n <= 0``) restores the default, which is
-        ``OMP_NUM_THREADS`` when set and otherwise every available core.
+        ``n >= 1`` uses n threads; ``None`` (or ``n <= 0``) restores the default, OpenMP's
+        count when the core runs (as scikit-learn's ``n_threads=None``): ``OMP_NUM_THREADS``
+        when set and otherwise every available core, or the limit of a
+        ``threadpoolctl.threadpool_limits`` block around the call.
 
     Notes
     -----

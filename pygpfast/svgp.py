@@ -21,6 +21,7 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils import assert_all_finite, check_random_state, column_or_1d
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets, unique_labels
 from sklearn.utils.random import sample_without_replacement
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
@@ -512,6 +513,15 @@ class _SVGPEstimator(BaseEstimator):
                     return epoch, True
         return self.max_iter, False
 
+    def _streams(self):
+        """available_if's test for partial_fit (as scikit-learn's MLPClassifier does for its
+        full-batch solver): an estimator with method='mf' has none, so that scikit-learn's
+        checks and meta-estimators see it as full-batch."""
+        if self.method == "mf":
+            raise AttributeError("method='mf' is full-batch only; partial_fit needs method='kl'")
+        return True
+
+    @available_if(_streams)
     def partial_fit(self, X, y, classes=None, n_total=None):
         """One pass of minibatch steps over a chunk of data (streaming / out-of-core fitting).
 
@@ -541,8 +551,6 @@ class _SVGPEstimator(BaseEstimator):
         self
         """
         self._check_params()
-        if self.method == "mf":
-            raise ValueError("method='mf' is full-batch only; partial_fit needs method='kl'")
         # (A copy of the model and the optimiser's state, O(L M^2), against the chunk's
         # O(n L M^2) of steps: the steps replace q and Z but update the kernel, the optimiser's
         # moments and the random state in place, so a call stopped half-way left a mix.)
@@ -829,6 +837,12 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
         self.verbose = verbose
         self.callback = callback
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()  # (_make_likelihood and _fit_mf refuse C > 2 for these)
+        tags.classifier_tags.multi_class = not (
+            self.method == "mf" or isinstance(self.likelihood, (str, _likelihoods.Bernoulli)))
+        return tags
+
     def _is_probit(self):
         lik = self.likelihood
         return lik in (None, "probit") or (isinstance(lik, _likelihoods.Bernoulli) and lik.link == "probit")
@@ -837,23 +851,21 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
         lik, C = self.likelihood, len(self.classes_)
         if lik is None:
             return _likelihoods.Bernoulli() if C == 2 else _likelihoods.Softmax(C)
+        if isinstance(lik, str) and lik not in ("probit", "logit"):
+            raise ValueError(f"likelihood must be None, 'probit', 'logit' or a Likelihood, got {lik!r}")
+        if isinstance(lik, (str, _likelihoods.Bernoulli)) and C > 2:
+            # (scikit-learn's wording, which its check for binary-only classifiers looks for)
+            raise ValueError(
+                f"Only binary classification is supported by likelihood={lik!r}; y has {C} "
+                f"classes: use likelihood=None (the softmax) or likelihoods.Softmax({C})"
+            )
         if isinstance(lik, str):
-            if lik not in ("probit", "logit"):
-                raise ValueError(f"likelihood must be None, 'probit', 'logit' or a Likelihood, got {lik!r}")
-            if C > 2:
-                raise ValueError(
-                    f"likelihood={lik!r} is binary; y has {C} classes: use likelihood=None (the "
-                    f"softmax) or likelihoods.Softmax({C})"
-                )
             return _likelihoods.Bernoulli(link=lik)
         if isinstance(lik, _likelihoods.Softmax):
             if lik.num_classes != C:
                 raise ValueError(f"likelihood is Softmax({lik.num_classes}) but y has {C} classes")
-        elif not (isinstance(lik, _likelihoods.Bernoulli) and C == 2):
-            raise ValueError(
-                f"SVGPClassifier needs a Bernoulli (2 classes) or Softmax likelihood; got {lik!r} "
-                f"for {C} classes"
-            )
+        elif not isinstance(lik, _likelihoods.Bernoulli):
+            raise ValueError(f"SVGPClassifier needs a Bernoulli or Softmax likelihood; got {lik!r}")
         return copy.deepcopy(lik)
 
     def _encode_targets(self, y, first_call, classes=None):

@@ -116,7 +116,7 @@ def test_three_class_natural_gradients_and_partial_fit(rng):
 
 @pytest.mark.parametrize(
     "likelihood, match",
-    [("probit", "is binary"), (likelihoods.Softmax(4), "Softmax\\(4\\)"), (likelihoods.Bernoulli(), "Bernoulli")],
+    [("probit", "Only binary"), (likelihoods.Softmax(4), "Softmax\\(4\\)"), (likelihoods.Bernoulli(), "Only binary")],
 )
 def test_multiclass_likelihood_errors(rng, likelihood, match):
     X, y = three_class(rng, 30)

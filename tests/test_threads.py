@@ -52,6 +52,25 @@ def test_default_honours_omp_num_threads(tmp_path):
     assert out.stdout.strip() == "1"
 
 
+@pytest.mark.parametrize("limit", [1, 3])
+def test_default_follows_a_threadpoolctl_limit(restore_threads, limit):
+    # (The count was read once, at the first call: a fit inside threadpool_limits(1), as
+    # scikit-learn's n_threads=None honours it, ran on every core.)
+    if not pygpfast._core.openmp_enabled():
+        pytest.skip("core built without OpenMP")
+    from threadpoolctl import threadpool_limits
+
+    pygpfast.set_num_threads(None)
+    before = pygpfast.get_num_threads()
+    with threadpool_limits(limits=limit, user_api="openmp"):
+        assert pygpfast.get_num_threads() == limit
+        pygpfast.set_num_threads(2)  # (an explicit count wins)
+        assert pygpfast.get_num_threads() == 2
+        pygpfast.set_num_threads(None)
+        assert pygpfast.get_num_threads() == limit
+    assert pygpfast.get_num_threads() == before
+
+
 def _blas_threads_here():
     """This thread's BLAS thread count (set and put back)."""
     before = pygpfast._core.set_blas_threads_local(1)

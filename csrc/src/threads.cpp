@@ -16,18 +16,19 @@
 namespace pygpfast {
 namespace {
 
+// OpenMP's count for the calling thread, read at every call: OMP_NUM_THREADS (else all cores),
+// or a limit set since on this thread (threadpoolctl's threadpool_limits, omp_set_num_threads),
+// as scikit-learn's n_threads=None reads it.
 int default_threads() {
 #ifdef _OPENMP
-  return std::max(1, omp_get_max_threads());  // honours OMP_NUM_THREADS
+  return std::max(1, omp_get_max_threads());
 #else
   return 1;
 #endif
 }
 
-std::atomic<int>& thread_setting() {
-  static std::atomic<int> n{default_threads()};
-  return n;
-}
+// set_num_threads's n, or 0 for the default.
+std::atomic<int> thread_setting{0};
 
 // Depth of SingleThreadScope objects alive on this thread.
 thread_local int single_thread_depth = 0;
@@ -50,15 +51,16 @@ const int atfork_registered = pthread_atfork(nullptr, nullptr, on_fork_in_child)
 
 int get_num_threads() {
   if (forked_after_team.load(std::memory_order_relaxed)) return 1;
-  return thread_setting().load(std::memory_order_relaxed);
+  const int n = thread_setting.load(std::memory_order_relaxed);
+  return n >= 1 ? n : default_threads();
 }
 
 void set_num_threads(int n) {
 #ifdef _OPENMP
-  thread_setting().store(n >= 1 ? n : default_threads(), std::memory_order_relaxed);
+  thread_setting.store(std::max(n, 0), std::memory_order_relaxed);
 #else
   (void)n;
-  thread_setting().store(1, std::memory_order_relaxed);
+  thread_setting.store(1, std::memory_order_relaxed);
 #endif
 }
 

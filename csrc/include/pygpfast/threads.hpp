@@ -14,7 +14,8 @@ namespace pygpfast {
 // Number of threads the core's OpenMP loops may use (>= 1).
 int get_num_threads();
 
-// n >= 1 sets it; n <= 0 restores the default (OMP_NUM_THREADS, else all cores).
+// n >= 1 sets it; n <= 0 restores the default: OpenMP's count for the calling thread when the
+// core runs (OMP_NUM_THREADS, else all cores; a threadpoolctl limit while one is active).
 void set_num_threads(int n);
 
 // Threads to use for `items` independent work items when each thread should get at
