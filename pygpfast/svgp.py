@@ -551,10 +551,12 @@ class _SVGPEstimator(BaseEstimator):
         self
         """
         self._check_params()
-        # (A copy of the model and the optimiser's state, O(L M^2), against the chunk's
-        # O(n L M^2) of steps: the steps replace q and Z but update the kernel, the optimiser's
-        # moments and the random state in place, so a call stopped half-way left a mix.)
-        before = copy.deepcopy(self._fitted_state())
+        # (A copy of the fitted state: the steps update the kernel, the optimiser's moments and
+        # the random state in place, so a call stopped half-way left a mix. q(u), Z and the
+        # natural gradients' cache, the O(L M^2) part, are replaced by every step, never
+        # changed in place (Packer.apply, NaturalGradient.step): the copy shares them, which
+        # keeps partial_fit's memory that of fit.)
+        before = copy.deepcopy(self._fitted_state(), {id(a): a for a in self._replaced_arrays()})
         try:
             return self._partial_fit(X, y, classes, n_total)
         except BaseException:
@@ -562,6 +564,16 @@ class _SVGPEstimator(BaseEstimator):
                 delattr(self, name)
             vars(self).update(before)
             raise
+
+    def _replaced_arrays(self):
+        """The fitted arrays that steps replace rather than change (see partial_fit)."""
+        if not hasattr(self, "model_"):
+            return []
+        arrays = [self.model_.q_mu, self.model_.q_sqrt, self.model_.Z]
+        natgrad = getattr(self._trainer, "natgrad", None)
+        if natgrad is not None and natgrad._prec is not None:
+            arrays += [natgrad._prec, natgrad._shift]
+        return arrays
 
     def _fitted_state(self):
         """The attributes that fit and partial_fit set: all but the parameters."""

@@ -279,3 +279,23 @@ def test_partial_fit_after_a_failed_fit_does_not_compare_with_it():
         warnings.simplefilter("error")
         model.partial_fit(X, y, classes=[0, 1])
     assert model.inducing_points_.shape == (5, 2)
+
+
+def test_partial_fit_snapshot_shares_the_arrays_steps_replace():
+    # partial_fit's snapshot for a call that raises deep-copied q(u) and the natural
+    # gradients' cache too (O(L M^2): 22.8 against 16.6 MiB at C = 10, M = 200), although the
+    # steps replace those arrays rather than change them; restoring puts the same arrays back.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 2))
+    y = rng.integers(0, 3, 300)
+    model = SVGPClassifier(n_inducing=10, random_state=0)
+    model.partial_fit(X[:150], y[:150], classes=[0, 1, 2])
+    q_sqrt, prec = model.model_.q_sqrt, model._trainer.natgrad._prec
+
+    def stop(*args):
+        raise KeyboardInterrupt
+
+    model.set_params(callback=stop)
+    with pytest.raises(KeyboardInterrupt):
+        model.partial_fit(X[150:], y[150:])
+    assert model.model_.q_sqrt is q_sqrt and model._trainer.natgrad._prec is prec
