@@ -87,10 +87,12 @@ class SVGP:
 
     @property
     def num_inducing(self):
+        """M, the number of inducing inputs."""
         return self.Z.shape[0]
 
     @property
     def num_latent(self):
+        """L, the number of latent functions (1, or C for the softmax)."""
         return 1 if self.q_mu.ndim == 1 else self.q_mu.shape[1]
 
     def core_hyper(self):
@@ -403,6 +405,7 @@ class _SVGPEstimator(BaseEstimator):
 
     @property
     def inducing_points_(self):
+        """The fitted inducing inputs Z [M, D] (``model_.Z``)."""
         # (model_.Z itself: the optimisers replace that array at every step, and an attribute
         # set with the model kept the starting Z after the stochastic optimisers and partial_fit.)
         return self.model_.Z
