@@ -296,7 +296,7 @@ def test_unwhitened_fit_of_targets_in_tiny_units(scale):
     assert reg.likelihood_.variance < 1e-2 * np.mean(y**2)  # the noise left its start, mean(y^2)
 
 
-@pytest.mark.parametrize("method", ["kl", "mf"])
+@pytest.mark.parametrize("method", ["kl", "mf", "natgrad"])
 def test_a_search_stuck_on_a_flat_prior_is_a_convergence_warning(method):
     # A Linear kernel (variance 1) on features in units of 1e-3: the prior varies by ~1e-6
     # across the inputs, the ELBO's gradients are as small, and L-BFGS-B stopped after one
@@ -304,13 +304,21 @@ def test_a_search_stuck_on_a_flat_prior_is_a_convergence_warning(method):
     rng = np.random.default_rng(0)
     X = 1e-3 * rng.standard_normal((150, 2))
     f = X @ np.array([2e3, -1e3])
-    Estimator, y = (SVGPRegressor, f + 0.1 * rng.standard_normal(150)) if method == "kl" else \
-        (SVGPClassifier, (f > 0).astype(int))
-    with pytest.warns(ConvergenceWarning, match="ended at its start"):
-        Estimator(kernel=kernels.Linear(), method=method, n_inducing=10, random_state=0).fit(X, y)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        Estimator(kernel=kernels.Linear(), method=method, n_inducing=10, random_state=0).fit(1e3 * X, y)
+    # With natural gradients and Adam (fixed-size steps) the variance crept from 1 to 3.8 in 30
+    # epochs (R^2 0.02), also without a word.
+    Estimator, y = (SVGPClassifier, (f > 0).astype(int)) if method == "mf" else \
+        (SVGPRegressor, f + 0.1 * rng.standard_normal(150))
+    kw = dict(kernel=kernels.Linear(), n_inducing=10, random_state=0)
+    kw.update(dict(optimizer="natgrad", max_iter=30) if method == "natgrad" else dict(method=method))
+    where = "still moving away from its start" if method == "natgrad" else "ended at its start"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Estimator(**kw).fit(X, y)
+    assert any(issubclass(w.category, ConvergenceWarning) and where in str(w.message) for w in caught)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Estimator(**kw).fit(1e3 * X, y)
+    assert not any("flat" in str(w.message) for w in caught)
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
