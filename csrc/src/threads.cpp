@@ -42,7 +42,8 @@ std::atomic<bool> forked_after_team{false};
 
 #ifdef PYGPFAST_HAVE_ATFORK
 void on_fork_in_child() {
-  if (team_started.load(std::memory_order_relaxed)) forked_after_team.store(true, std::memory_order_relaxed);
+  if (team_started.load(std::memory_order_relaxed))
+    forked_after_team.store(true, std::memory_order_relaxed);
 }
 const int atfork_registered = pthread_atfork(nullptr, nullptr, on_fork_in_child);
 #endif
@@ -67,9 +68,8 @@ void set_num_threads(int n) {
 int threads_for(index_t items, index_t min_per_thread) {
   if (single_thread_depth > 0) return 1;
   const int n = get_num_threads();
-  const int threads = n <= 1 || min_per_thread <= 0
-                          ? std::max(1, n)
-                          : static_cast<int>(std::max<index_t>(1, std::min<index_t>(n, items / min_per_thread)));
+  const index_t useful = min_per_thread > 0 ? items / min_per_thread : n;
+  const int threads = static_cast<int>(std::max<index_t>(1, std::min<index_t>(n, useful)));
   if (threads > 1) team_started.store(true, std::memory_order_relaxed);
   return threads;
 }
