@@ -363,8 +363,9 @@ class _SVGPEstimator(BaseEstimator):
         validate_data(self, X, skip_check_array=True, reset=False)
         return rows
 
-    def _memory_plan(self, M, L, optimizer):
-        """(bytes, what, advice) of a fit with M inducing points and L latent functions."""
+    def _memory_plan(self, M, L, optimizer, call="fit"):
+        """(bytes, what, advice) of a fit (by `call`) with M inducing points and L latent
+        functions."""
         how = "method='mf'" if self.method == "mf" else f"optimizer={optimizer!r}"
         optimizer = "lbfgs" if self.method == "mf" else optimizer  # (its L-BFGS-B's count)
         a, b = self._FIT_MATRICES[optimizer]
@@ -375,11 +376,11 @@ class _SVGPEstimator(BaseEstimator):
         if optimizer == "lbfgs" and self.method == "kl":
             fewer += " or optimizer='natgrad' (about a third of L-BFGS-B's memory)"
         latents = f", {L} latent functions" if L > 1 else ""
-        what = (f"{type(self).__name__}.fit ({how}) with M = {M} inducing "
+        what = (f"{type(self).__name__}.{call} ({how}) with M = {M} inducing "
                 f"points{latents} holds about {matrices} M x M float64 matrices, which")
         return 8.0 * matrices * M * M, what, f"memory grows as M^2; use {fewer}"
 
-    def _init_model(self, X, t, rs, optimizer):
+    def _init_model(self, X, t, rs, optimizer, call="fit"):
         """The starting SVGP; MemoryError, before the k-means of the inducing inputs, when the
         fit cannot fit in memory."""
         if self.inducing_points is not None:
@@ -389,7 +390,7 @@ class _SVGPEstimator(BaseEstimator):
         else:
             Z, M = None, min(self.n_inducing, X.shape[0])
         likelihood = self._make_likelihood()
-        memory = self._memory_plan(M, likelihood.latent_dim, optimizer)
+        memory = self._memory_plan(M, likelihood.latent_dim, optimizer, call)
         check_fits(*memory)
         kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
                   else _default_kernel(X, rs, self._target_scale()))
@@ -615,7 +616,7 @@ class _SVGPEstimator(BaseEstimator):
                 )
             self._rng = check_random_state(self.random_state)
             self._set_model(self._init_model(X, t, self._rng,
-                                             self._resolve_optimizer(n, streaming=True)))
+                                             self._resolve_optimizer(n, streaming=True), "partial_fit"))
             self.history_ = []
             self.n_iter_ = 0
             self.n_rows_seen_ = self.n_steps_ = 0
