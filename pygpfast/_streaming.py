@@ -45,21 +45,25 @@ def iter_blocks(X, rows=None):
         yield start, np.ascontiguousarray(X[start : start + rows], dtype=np.float64)
 
 
-def check_rows(X, name="X"):
+def check_rows(X, name="X", estimator=None):
     """Validate a data matrix [N, D] without copying it whole when it is a numpy array.
 
     A numeric 2-D ``np.ndarray`` (or ``np.memmap``) is returned as it is, after a scan in
     blocks for NaN and infinity; anything else is converted by scikit-learn's ``check_array``
     (float64, C order). Raises ValueError for empty, non-finite or non-2-D input and for
-    non-numeric data (TypeError for sparse matrices and objects that are not numbers).
+    non-numeric data (TypeError for sparse matrices and objects that are not numbers); the
+    messages name `estimator` (an estimator or None) as scikit-learn's do.
     """
     if not _is_numeric_matrix(X):
-        return check_array(X, dtype=np.float64, order="C", input_name=name)
+        return check_array(X, dtype=np.float64, order="C", input_name=name, estimator=estimator)
     n, d = X.shape
+    by = "" if estimator is None else f" by {type(estimator).__name__}"
     if n < 1:
-        raise ValueError(f"Found array with 0 sample(s) (shape={X.shape}) while a minimum of 1 is required.")
+        raise ValueError(f"Found array with 0 sample(s) (shape={X.shape}) while a minimum of 1 is "
+                         f"required{by}.")
     if d < 1:
-        raise ValueError(f"Found array with 0 feature(s) (shape={X.shape}) while a minimum of 1 is required.")
+        raise ValueError(f"Found array with 0 feature(s) (shape={X.shape}) while a minimum of 1 is "
+                         f"required{by}.")
     if X.dtype.kind == "f":
         for start, block in iter_blocks(X):
             if not np.isfinite(block.sum()) and not np.isfinite(block).all():

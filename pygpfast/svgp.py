@@ -350,7 +350,7 @@ class _SVGPEstimator(BaseEstimator):
 
     # ---------------------------------------------------------------- data
     def _validate_Xy(self, X, y, reset):
-        rows = check_rows(X)
+        rows = check_rows(X, estimator=self)
         validate_data(self, X, y, skip_check_array=True, reset=reset)  # feature names and count
         y = column_or_1d(y, warn=True)
         assert_all_finite(y, input_name="y")
@@ -359,7 +359,7 @@ class _SVGPEstimator(BaseEstimator):
 
     def _validate_X(self, X):
         check_is_fitted(self, "model_")
-        rows = check_rows(X)
+        rows = check_rows(X, estimator=self)
         validate_data(self, X, skip_check_array=True, reset=False)
         return rows
 

@@ -339,7 +339,8 @@ def test_callback_can_stop_and_verbose_prints(rng, capsys):
         (np.array([[0.0, np.nan], [1.0, 2.0]]), np.array([0, 1]), "NaN"),
         (np.ones((3, 2)), np.array([0, 1]), "inconsistent"),
         (np.ones((4, 2)), np.array([0.5, 1.5, 2.5, 3.5]), "Unknown label type"),
-        (np.ones((0, 2)), np.array([]), "0 sample"),
+        (np.ones((0, 2)), np.array([]), "0 sample.* required by SVGPClassifier"),
+        (np.ones((3, 0)), np.array([0, 1, 0]), "0 feature.* required by SVGPClassifier"),
     ],
 )
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
