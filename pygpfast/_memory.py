@@ -11,6 +11,8 @@ out of a step (the count is an estimate, and other processes take memory too).
 import contextlib
 import os
 
+import numpy as np
+
 try:
     import resource
 except ImportError:  # (Windows)
@@ -97,17 +99,25 @@ def format_bytes(n):
     return f"{n / float(1 << 20):.3g} MiB"
 
 
-def check_fits(needed, what, advice):
-    """MemoryError unless `needed` bytes fit in :func:`available_bytes` (no check when that is
-    unknown). The message reads "{what} needs about X GiB ..., and Y GiB is available; {advice}"."""
-    available = available_bytes()
+def _largest(available, bytes_per_square):
+    """The largest n whose n x n arrays (bytes_per_square n^2 bytes) fit in `available` bytes,
+    0 when that is unknown."""
+    return int(np.sqrt(available / bytes_per_square)) if available else 0
+
+
+def check_fits(n, bytes_per_square, what, advice):
+    """MemoryError unless bytes_per_square n^2 bytes fit in :func:`available_bytes` (no check
+    when that is unknown). The message reads "{what} needs about X GiB of memory, and Y GiB is
+    available: {advice(largest)}", with `largest` the n that would fit."""
+    needed, available = bytes_per_square * float(n) * n, available_bytes()
     if available is not None and needed > available:
         raise MemoryError(f"{what} needs about {format_bytes(needed)} of memory, and "
-                          f"{format_bytes(available)} is available: {advice}")
+                          f"{format_bytes(available)} is available: "
+                          f"{advice(_largest(available, bytes_per_square))}")
 
 
 @contextlib.contextmanager
-def explain_memory_error(needed, what, advice):
+def explain_memory_error(n, bytes_per_square, what, advice):
     """Re-raise a MemoryError of the block (the core's ``std::bad_alloc`` arrives as
     ``MemoryError('std::bad_alloc')``) with the size estimate and the advice of
     :func:`check_fits`."""
@@ -117,4 +127,5 @@ def explain_memory_error(needed, what, advice):
         available = available_bytes()
         now = "" if available is None else f", {format_bytes(available)} is available now"
         raise MemoryError(f"{what} ran out of memory ({e}; it needs about "
-                          f"{format_bytes(needed)}{now}): {advice}") from e
+                          f"{format_bytes(bytes_per_square * float(n) * n)}{now}): "
+                          f"{advice(_largest(available, bytes_per_square))}") from e

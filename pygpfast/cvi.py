@@ -49,7 +49,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from . import _core, _memory, _threads
+from . import _core, _threads
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from ._memory import check_fits, explain_memory_error
@@ -560,17 +560,19 @@ class _VGPEstimator(BaseEstimator):
                              f"got {self.kernel!r}")
 
     def _memory_plan(self, N, L, kernel):
-        """(bytes, what, advice) of a fit on N points with L latent functions."""
+        """(N, bytes per N^2, what, advice) of a fit on N points with L latent functions, for
+        pygpfast._memory's check_fits and explain_memory_error."""
         matrices = _fit_matrices(L, kernel)
-        available = _memory.available_bytes()
-        largest = int(np.sqrt(available / (8.0 * matrices))) if available else 0
-        subsample = f", or fit on a subsample of at most {largest} rows" if largest >= 2 else ""
         latents = f"{L} latent functions" if L > 1 else "1 latent function"
         what = (f"{type(self).__name__}.fit on N = {N} points ({latents}) holds {matrices} "
                 f"N x N float64 matrices at its peak, which")
-        advice = (f"a full GP's memory grows as N^2; use {self._SPARSE_PEER} (sparse, memory "
-                  f"O(N M + M^2) for M inducing points) for data this large{subsample}")
-        return 8.0 * matrices * N * N, what, advice
+
+        def advice(largest):
+            subsample = f", or fit on a subsample of at most {largest} rows" if largest >= 2 else ""
+            return (f"a full GP's memory grows as N^2; use {self._SPARSE_PEER} (sparse, memory "
+                    f"O(N M + M^2) for M inducing points) for data this large{subsample}")
+
+        return N, 8.0 * matrices, what, advice
 
     def _fit(self, X, t, local_bound, mean, learn_mean):
         rs = check_random_state(self.random_state)

@@ -27,7 +27,6 @@ from sklearn.utils.random import sample_without_replacement
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
 
 from . import _core
-from . import _memory
 from . import _svgp_mf
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
@@ -363,26 +362,28 @@ class _SVGPEstimator(BaseEstimator):
         validate_data(self, X, skip_check_array=True, reset=False)
         return rows
 
-    def _memory_plan(self, M, L, optimizer, call="fit"):
-        """(bytes, what, advice) of a fit (by `call`) with M inducing points and L latent
-        functions."""
+    def _memory_plan(self, M, L, optimizer, call):
+        """(M, bytes per M^2, what, advice) of a fit (by `call`) with M inducing points and L
+        latent functions, for pygpfast._memory's check_fits and explain_memory_error."""
         how = "method='mf'" if self.method == "mf" else f"optimizer={optimizer!r}"
         optimizer = "lbfgs" if self.method == "mf" else optimizer  # (its L-BFGS-B's count)
         a, b = self._FIT_MATRICES[optimizer]
         matrices = a * L + b
-        available = _memory.available_bytes()
-        largest = int(np.sqrt(available / (8.0 * matrices))) if available else 0
-        fewer = f"n_inducing at most {largest}" if largest >= 1 else "fewer inducing points"
-        if optimizer == "lbfgs" and self.method == "kl":
-            fewer += " or optimizer='natgrad' (about a third of L-BFGS-B's memory)"
         latents = f", {L} latent functions" if L > 1 else ""
         what = (f"{type(self).__name__}.{call} ({how}) with M = {M} inducing "
                 f"points{latents} holds about {matrices} M x M float64 matrices, which")
-        return 8.0 * matrices * M * M, what, f"memory grows as M^2; use {fewer}"
+
+        def advice(largest):
+            fewer = f"n_inducing at most {largest}" if largest >= 1 else "fewer inducing points"
+            if optimizer == "lbfgs" and self.method == "kl":
+                fewer += " or optimizer='natgrad' (about a third of L-BFGS-B's memory)"
+            return f"memory grows as M^2; use {fewer}"
+
+        return M, 8.0 * matrices, what, advice
 
     def _init_model(self, X, t, rs, optimizer, call="fit"):
-        """The starting SVGP; MemoryError, before the k-means of the inducing inputs, when the
-        fit cannot fit in memory."""
+        """(the starting SVGP, its memory plan); MemoryError, before the k-means of the
+        inducing inputs, when the fit cannot fit in memory."""
         if self.inducing_points is not None:
             Z = as_matrix(self.inducing_points, "inducing_points")
             check_same_dim(X, Z, "inducing_points")
@@ -397,7 +398,7 @@ class _SVGPEstimator(BaseEstimator):
         if Z is None:
             Z = _init_inducing(X, M, rs)
         return SVGP(kernel, likelihood, Z, whiten=self.whiten, jitter=self.jitter,
-                    prior_mean=self._prior_mean(t))
+                    prior_mean=self._prior_mean(t)), memory
 
     def _set_model(self, model):
         self.model_ = model
@@ -442,10 +443,9 @@ class _SVGPEstimator(BaseEstimator):
         rs = check_random_state(self.random_state)
         N = X.shape[0]
         optimizer = self._resolve_optimizer(N, streaming=False)
-        model = self._init_model(X, t, rs, optimizer)
+        model, memory = self._init_model(X, t, rs, optimizer)
         theta0 = model.kernel.theta
-        with explain_memory_error(*self._memory_plan(model.num_inducing, model.num_latent,
-                                                     optimizer)):
+        with explain_memory_error(*memory):
             self._set_model(model)
             self.history_ = []
             self._clock = time.perf_counter()
@@ -591,6 +591,9 @@ class _SVGPEstimator(BaseEstimator):
         X, y = self._validate_Xy(X, y, reset=first)
         t = self._encode_targets(y, first_call=first, classes=classes)
         n = X.shape[0]
+        # (the optimizer a start of the model or of the optimiser takes)
+        optimizer = (self._resolve_optimizer(n, streaming=True)
+                     if first or self._trainer is None else None)
         if n_total is not None:
             check_int(n_total, "n_total", 1)
         if first:
@@ -615,8 +618,7 @@ class _SVGPEstimator(BaseEstimator):
                     stacklevel=3,
                 )
             self._rng = check_random_state(self.random_state)
-            self._set_model(self._init_model(X, t, self._rng,
-                                             self._resolve_optimizer(n, streaming=True), "partial_fit"))
+            self._set_model(self._init_model(X, t, self._rng, optimizer, "partial_fit")[0])
             self.history_ = []
             self.n_iter_ = 0
             self.n_rows_seen_ = self.n_steps_ = 0
@@ -626,7 +628,7 @@ class _SVGPEstimator(BaseEstimator):
         else:
             self._warn_ignored_params(optimiser_starts=self._trainer is None)
         if self._trainer is None:  # first call, or after a full-batch fit
-            self.optimizer_ = self._resolve_optimizer(n, streaming=True)
+            self.optimizer_ = optimizer
             self._trainer = self._make_trainer(self.model_, self.optimizer_, full_batch=False)
         self.n_rows_seen_ += n
         self.n_total_ = int(n_total) if n_total is not None else self.n_rows_seen_
