@@ -462,7 +462,7 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
 
     Stage 1 sets q with Z and the hyperparameters frozen: for a Gaussian likelihood by one
     natural-gradient step of size 1 (the exact optimum), otherwise by L-BFGS-B on q alone
-    (at most min(max_iter / 4, 100) iterations, or max_iter when nothing else is trained, as
+    (at most max(1, min(max_iter // 4, 100)) iterations, or max_iter when nothing else is trained, as
     stage 1 is then the whole fit). Stage 2 optimises everything that is trained.
 
     Parameters

@@ -1,5 +1,6 @@
 """Thread control: the core's OpenMP loops and the BLAS that pygpfast shares with scipy."""
 
+import contextlib
 import functools
 import numbers
 
@@ -50,6 +51,19 @@ def set_num_threads(n=None):
     _blas_limiter = threadpool_limits(limits=n, user_api="blas")
 
 
+@contextlib.contextmanager
+def one_blas_thread():
+    """The BLAS on one thread within the block (a scope of the core's enter_one_blas_thread,
+    counted process-wide with the core's own, so that the count from before the first scope is
+    the one restored after the last)."""
+    entered = _core.enter_one_blas_thread()
+    try:
+        yield
+    finally:
+        if entered:
+            _core.leave_one_blas_thread()
+
+
 def minimize(fun, x0, *, callback=None, **kwargs):
     """``scipy.optimize.minimize(fun, x0, callback=callback, **kwargs)`` with scipy's own BLAS
     calls on one thread, and ``fun``'s and ``callback``'s (the core's) on the usual count.
@@ -60,20 +74,21 @@ def minimize(fun, x0, *, callback=None, **kwargs):
     instead of sleeping (pygpfast's OPENBLAS_THREAD_TIMEOUT came too late), and each such
     call waits for a spinning thread that competes with the caller: an SVGPClassifier fit on
     ionosphere (M = 20, 975 L-BFGS-B iterations) took 6.2 s instead of 0.8 s on a loaded
-    2-core machine. Where the BLAS has no per-thread setting this is plain ``minimize``.
+    2-core machine. Where the BLAS's count cannot be set this is plain ``minimize``. (The
+    setting is process-wide: while another thread holds a scope, ``fun`` runs on one BLAS
+    thread too.)
     """
-    previous = _core.set_blas_threads_local(1)
-    if previous <= 0:
+    if not _core.enter_one_blas_thread():
         return scipy.optimize.minimize(fun, x0, callback=callback, **kwargs)
 
     def core_threads(f):
         @functools.wraps(f)
         def wrapped(*args, **kw):
-            _core.set_blas_threads_local(previous)
+            _core.leave_one_blas_thread()
             try:
                 return f(*args, **kw)
             finally:
-                _core.set_blas_threads_local(1)
+                _core.enter_one_blas_thread()
         return wrapped
 
     try:
@@ -81,4 +96,4 @@ def minimize(fun, x0, *, callback=None, **kwargs):
                                        callback=None if callback is None else core_threads(callback),
                                        **kwargs)
     finally:
-        _core.set_blas_threads_local(previous)
+        _core.leave_one_blas_thread()

@@ -5,7 +5,8 @@ import numbers
 import numpy as np
 from sklearn.utils import check_array
 
-__all__ = ["array_of_matrix", "as_matrix", "as_vector", "check_int", "check_same_dim"]
+__all__ = ["KernelParams", "array_of_matrix", "as_matrix", "as_vector", "check_int",
+           "check_same_dim"]
 
 
 def check_int(value, name, low, *, allow_bool=False):
@@ -61,8 +62,9 @@ def as_vector(v, name, *, size=None, allow_empty=False):
         raise ValueError(f"{name} must have length {size}, got {v.shape[0]}")
     if v.shape[0] == 0 and not allow_empty:
         raise ValueError(f"{name} is empty")
-    if not np.all(np.isfinite(v)):
-        raise ValueError(f"{name} contains NaN or infinity")
+    bad = np.flatnonzero(~np.isfinite(v))
+    if bad.size:
+        raise ValueError(f"{name} contains NaN or infinity: {name}[{bad[0]}] = {v[bad[0]]}")
     return np.ascontiguousarray(v)
 
 
@@ -81,3 +83,19 @@ def callback_says_stop(answer):
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"callback must return a bool (True stops the fit) or None, got {answer!r}") from exc
+
+
+class KernelParams:
+    """set_params of an estimator whose `kernel` may be None (a default kernel made from the
+    data at fit): a kernel's own parameter (``kernel__lengthscale``) without a kernel is a
+    ValueError that says so; scikit-learn's set_params raised AttributeError ('NoneType' object
+    has no attribute 'set_params'), e.g. from GridSearchCV over ``kernel__lengthscale``."""
+
+    def set_params(self, **params):
+        nested = sorted(key for key in params if key.startswith("kernel__"))
+        if nested and params.get("kernel", self.kernel) is None:
+            raise ValueError(
+                f"{nested[0]!r} is a parameter of the kernel, but {type(self).__name__} has "
+                "kernel=None (a default kernel is made from the data at fit); pass a kernel, "
+                "e.g. kernel=pygpfast.kernels.RBF(), to set or search its parameters")
+        return super().set_params(**params)

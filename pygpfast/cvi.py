@@ -8,7 +8,7 @@ seed 004 eq. (6) with closed-form local bounds f_b(y, m, v) <= E_q[log p(y | z)]
 likelihood                latents local bound
 ========================  ======  ============================================================
 ``"logit"``               1       y m - E[B(z)], B >= log(1 + e^z) piecewise (Marlin et al.)
-``"poisson"``             1       y m - exp(m + v/2) - log y!  (exact)
+``"poisson"``             1       y m - exp(m + v/2) - lgamma(y + 1)  (exact; real y >= 0 too)
 ``"multinomial"``         C       m_y - lse(m + v/2)  (Blei & Lafferty)
 ``"stick-breaking"``      C - 1   log sigmoid(z_k) + sum_{j<k} log sigmoid(-z_j), piecewise
 ``"ordinal"``             1       cumulative logit p(y <= k) = sigmoid(phi_k - z), piecewise
@@ -53,7 +53,7 @@ from . import _core, _threads
 from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from ._memory import check_fits, explain_memory_error
-from ._validation import array_of_matrix, callback_says_stop, check_int
+from ._validation import KernelParams, array_of_matrix, callback_says_stop, check_int
 from .exceptions import LinAlgError
 from .piecewise import llp_bound
 from .svgp import _default_kernel
@@ -147,7 +147,7 @@ class LocalBound:
         Parameters
         ----------
         y : array_like [N]
-            Labels (0/1, counts, or class indices 0..C-1).
+            Labels (0/1, class indices 0..C-1, or for "poisson" counts or reals >= 0).
         m, v : array_like [L, N]
             Means and variances (>= 0) of the latent marginals (a 1-D array is [1, N]).
 
@@ -536,11 +536,16 @@ def _fit_matrices(L, kernel):
     return max(2 * L + 2, L + 3 + _kernel_gradient_matrices(kernel))
 
 
-class _VGPEstimator(BaseEstimator):
+class _VGPEstimator(KernelParams, BaseEstimator):
     """Shared fitting logic of VGPClassifier and VGPPoissonRegressor."""
 
     #: What to use when the N x N matrices do not fit (subclasses name their sparse peer).
     _SPARSE_PEER = "SVGPClassifier"
+
+    def __sklearn_is_fitted__(self):
+        # (a failed fit removes alpha_ but may leave other attributes, which scikit-learn's
+        # check_is_fitted would take for a fit)
+        return hasattr(self, "alpha_")
 
     def _check_params(self):
         if self.method not in _METHODS:
@@ -772,11 +777,11 @@ _COMMON_ATTRIBUTES = """
     bound_ : float
         The lower bound on log p(y) at the fitted q and hyperparameters.
     history_ : ndarray
-        The bound after each hyperparameter iteration, or after each inference iteration when
-        the hyperparameters are fixed.
+        The bound after each hyperparameter iteration, or, when the hyperparameters are fixed,
+        at the inference's start and after each of its iterations (n_iter_ + 1 entries).
     n_iter_ : int
         Hyperparameter iterations, or the inference's iterations when the hyperparameters are
-        fixed (as for ``history_``).
+        fixed.
     n_evaluations_ : int
         Inferences run (one per evaluation of the bound and its gradient).
     kernel_ : pygpfast.kernels.Kernel
@@ -805,9 +810,10 @@ def _ordered_categories(y):
 
 
 def _encode_classes(y, classes):
-    """(classes_, t): the classes in their order and the index t [N] (float64) of each label of
-    y [N] among them. classes None: the sorted distinct labels. ValueError unless classes is
-    1-D with distinct entries, holds every label of y and each of its entries occurs in y."""
+    """(class_order_, t): the classes in their order and the index t [N] (float64) of each
+    label of y [N] among them. classes None: the sorted distinct labels. ValueError unless
+    classes is 1-D with distinct entries, holds every label of y and each of its entries occurs
+    in y."""
     if classes is None:
         classes, t = np.unique(y, return_inverse=True)
         return classes, t.reshape(-1).astype(np.float64)
@@ -839,15 +845,17 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         "logit": binary Bernoulli-logit; "multinomial": softmax over C latent functions with
         the log-sum-exp bound; "stick-breaking": C - 1 latent functions (Khan et al. 2012b);
         "ordinal": one latent function and K - 1 learned thresholds, for classes in the order
-        of ``classes_`` (see `classes`)."""
+        of ``class_order_`` (see `classes`)."""
         + _COMMON_DOC
         + """    classes : array_like [C] or None
-        The class labels in their order: the columns of ``predict_proba`` and, for "ordinal",
-        the order of the scale (lowest first). Every label of y must be one of them, and each
-        of them must occur in y. None: for "ordinal", the order of the categories when y is an
-        ordered pandas Categorical (or a Series of one; unused categories are dropped), and
-        otherwise the sorted labels (as scikit-learn's classifiers; strings then sort
-        alphabetically, which is rarely the order of an ordinal scale).
+        The class labels in the order the model takes them: for "ordinal" the order of the
+        scale (lowest first), for "stick-breaking" that of the sticks, for the others that of
+        the latent functions. Every label of y must be one of them, and each of them must occur
+        in y. None: for "ordinal", the order of the categories when y is an ordered pandas
+        Categorical (or a Series of one; unused categories are dropped), and otherwise the
+        sorted labels (strings then sort alphabetically, which is rarely the order of an
+        ordinal scale). Whatever the order, ``classes_`` and the columns of ``predict_proba``
+        are sorted, as scikit-learn's metrics and scorers take them to be.
     learn_mean : bool or None
         Learn a constant prior mean per latent function. None: for "multinomial" and
         "stick-breaking" (the thresholds play that role for "ordinal"; zero mean for "logit",
@@ -856,7 +864,10 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
     Attributes
     ----------
     classes_ : ndarray [C]
-        The class labels in the order used (see `classes`)."""
+        The class labels, sorted: the columns of ``predict_proba``.
+    class_order_ : ndarray [C]
+        The class labels in the order the model takes them (see `classes`); for "ordinal",
+        ``local_bound_.thresholds`` separate consecutive entries."""
         + _COMMON_ATTRIBUTES
     )
 
@@ -910,13 +921,14 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         order = self.classes
         categories = (_ordered_categories(y) if order is None and self.likelihood == "ordinal"
                       else None)
-        # (copy: X_train_ must not follow the caller's array, as classes_ does not)
+        # (copy: X_train_ must not follow the caller's array, as class_order_ does not)
         X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C", copy=True)
         check_classification_targets(y)
         if categories is not None:  # (those that y uses)
             present = set(y.tolist())
             order = categories[[label in present for label in categories.tolist()]]
-        self.classes_, t = _encode_classes(y, order)
+        self.class_order_, t = _encode_classes(y, order)
+        self.classes_ = np.unique(self.class_order_)
         C = len(self.classes_)
         if C < 2:
             raise ValueError(f"y has {C} class; a classifier needs at least 2")
@@ -949,24 +961,34 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         """Class probabilities [T, C] (columns in the order of ``classes_``)."""
         mean, var = self.predict_latent(X)
         if self.likelihood == "multinomial":
-            return _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_proba(mean, var)
-        if self.likelihood == "logit":
+            proba = _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_proba(mean, var)
+        elif self.likelihood == "logit":
             sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
             p1 = np.clip(sig.predict_mean_and_var(mean[:, 0], var[:, 0])[0], 0.0, 1.0)
-            return np.column_stack([1.0 - p1, p1])
-        return np.exp(self._log_proba(mean, var))
+            proba = np.column_stack([1.0 - p1, p1])
+        else:
+            proba = np.exp(self._log_proba(mean, var))
+        return self._sorted_columns(proba)
 
     def predict_log_proba(self, X):
         """log p(y = class | X) [T, C]: computed in log space, finite however small the
         probability."""
         mean, var = self.predict_latent(X)
         if self.likelihood == "multinomial":
-            return _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_log_proba(mean, var)
-        return self._log_proba(mean, var)
+            softmax = _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH)
+            log_proba = softmax.predict_log_proba(mean, var)
+        else:
+            log_proba = self._log_proba(mean, var)
+        return self._sorted_columns(log_proba)
+
+    def _sorted_columns(self, per_class):
+        """per_class [T, C], columns in the order of class_order_, with those of classes_."""
+        return per_class[:, np.unique(self.class_order_, return_index=True)[1]]
 
     def _log_proba(self, mean, var):
-        """log p(y = class) [T, C] from the latent marginals mean, var [T, L] by Gauss-Hermite
-        quadrature in log space (logit, stick-breaking, ordinal)."""
+        """log p(y = class) [T, C] (columns in the order of class_order_) from the latent
+        marginals mean, var [T, L] by Gauss-Hermite quadrature in log space (logit,
+        stick-breaking, ordinal)."""
         sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
         n = len(mean)
 
@@ -1017,7 +1039,9 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
     __doc__ = (
         """Full-GP Poisson regression (counts, rate exp(z)) by concave variational inference.
 
-    The local bound is the exact expectation y m - exp(m + v/2) - log y! (seed 004, section 4).
+    The local bound is the exact expectation y m - exp(m + v/2) - lgamma(y + 1) (seed 004,
+    section 4). Non-integer targets y >= 0 are taken by the same formula (a quasi-likelihood), as
+    scikit-learn's Poisson models take them.
 
     Parameters
     ----------"""
@@ -1031,6 +1055,11 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
     )
 
     _SPARSE_PEER = "SVGPRegressor(likelihood=pygpfast.likelihoods.Poisson())"
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.positive_only = True
+        return tags
 
     def __init__(self, *, kernel=None, method="fixed-point", optimize_hyperparameters=True,
                  max_iter=100, inner_max_iter=200, tol=1e-8, block_size=64, jitter=1e-6,
@@ -1055,7 +1084,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         ----------
         X : array_like [N, D]
         y : array_like [N]
-            Counts (non-negative integers).
+            Counts, or real values >= 0 (by the same formula).
 
         Returns
         -------
@@ -1065,12 +1094,11 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         self._forget()
         X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C",
                              y_numeric=True, copy=True)  # (X_train_ keeps X)
-        if y.dtype.kind not in "biuf" or np.any(y < 0) or np.any(y != np.floor(y)):
-            raise ValueError("y must hold counts (non-negative integers)")
-        lb = LocalBound("poisson")
-        mean = np.array([np.log(max(y.mean(), 1e-3))])
-        return self._fit(X, np.ascontiguousarray(y, dtype=np.float64), lb, mean,
-                         bool(self.learn_mean))
+        if y.dtype.kind not in "biuf":  # (validate_data leaves strings as they are)
+            raise ValueError(f"y must hold numbers (counts or reals >= 0), got dtype {y.dtype}")
+        t = np.ascontiguousarray(y, dtype=np.float64)  # (the core checks t >= 0)
+        mean = np.array([np.log(max(t.mean(), 1e-3))])
+        return self._fit(X, t, LocalBound("poisson"), mean, bool(self.learn_mean))
 
     def predict(self, X, return_std=False):
         """Predictive mean [T] of the counts, and their standard deviation [T]."""

@@ -80,6 +80,11 @@ class Likelihood:
         the likelihoods of one latent function)."""
         raise NotImplementedError
 
+    def _check_labels(self, y):
+        """ValueError naming the first entry of y [N] (float64) outside the support: the core's
+        check of variational_expectations, for callers that pass y in parts."""
+        _core.check_labels(*self._core_args(), y)
+
     @property
     def n_params(self):
         """Number of parameters (int)."""
@@ -244,6 +249,11 @@ class Bernoulli(Likelihood):
 
 class Poisson(Likelihood):
     """Counts y in {0, 1, 2, ...} with rate ``exp(f)``: ``p(y | f) = exp(y f - e^f) / y!``.
+
+    Non-integer targets y >= 0 are taken by the same formula,
+    ``log p(y | f) = y f - e^f - lgamma(y + 1)``, as scikit-learn's Poisson models take them: a
+    quasi-likelihood (not normalised over real y) whose derivatives in f, ``y - e^f``, do not
+    involve lgamma.
 
     Variational expectations and predictive moments are closed form; the log predictive
     density uses Gauss-Hermite quadrature in log space. No parameters.

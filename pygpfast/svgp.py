@@ -10,6 +10,7 @@ Public estimators: :class:`SVGPClassifier` and :class:`SVGPRegressor`. The optim
 
 import copy
 import numbers
+import threading
 import time
 import warnings
 
@@ -33,8 +34,9 @@ from . import likelihoods as _likelihoods
 from ._memory import check_fits, explain_memory_error
 from ._streaming import block_rows, check_rows, iter_blocks, minibatches
 from ._svgp_optim import StochasticTrainer, fit_lbfgs, power_of_two_unit
-from ._threads import get_num_threads
-from ._validation import as_matrix, as_vector, callback_says_stop, check_int, check_same_dim
+from ._threads import get_num_threads, one_blas_thread
+from ._validation import (KernelParams, as_matrix, as_vector, callback_says_stop, check_int,
+                          check_same_dim)
 from .exceptions import warn_at_caller, warn_inducing_jitter
 
 __all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]
@@ -205,6 +207,15 @@ def _as_array(a, name, shape):
     return a
 
 
+#: Held around the k-means of _init_inducing. scikit-learn's KMeans limits the BLAS to one
+#: thread while it runs (threadpoolctl: it reads the process-wide count on entry and sets it
+#: back on exit), and two such limits that overlap in threads restore in the wrong order: SVGP
+#: fits in threads (GridSearchCV with the threading backend) left numpy's and scipy's BLAS on
+#: one thread for the rest of the process. (It runs in a one_blas_thread scope too, so that its
+#: limit does not interleave with the core's scopes on scipy's BLAS either.)
+_KMEANS_LOCK = threading.Lock()
+
+
 def _init_inducing(X, M, random_state):
     """M inducing inputs [M, D]: k-means centres (k-means++ start, at most 30 Lloyd
     iterations) of a random subsample of max(10 M, 10000) rows of X, read at once, so the cost
@@ -224,7 +235,7 @@ def _init_inducing(X, M, random_state):
     scale = float(power_of_two_unit(sub))
     km = KMeans(n_clusters=M, n_init=1, max_iter=30, random_state=random_state.randint(2**31 - 1))
     threads = 1 if 30.0 * 3 * n_sub * M * sub.shape[1] < 1e9 else get_num_threads()
-    with threadpool_limits(limits=threads, user_api="openmp"):
+    with _KMEANS_LOCK, one_blas_thread(), threadpool_limits(limits=threads, user_api="openmp"):
         km.fit(np.divide(sub, scale, out=sub))  # (sub is a copy already)
     return np.ascontiguousarray(km.cluster_centers_ * scale)
 
@@ -256,7 +267,7 @@ def _check_auto_or_positive(value, name, upper=None):
         raise ValueError(f"{name} must be 'auto' or a number {bound}, got {value!r}")
 
 
-class _SVGPEstimator(BaseEstimator):
+class _SVGPEstimator(KernelParams, BaseEstimator):
     """Shared fitting logic of SVGPClassifier and SVGPRegressor."""
 
     #: Peak memory of a fit in float64 M x M matrices, (a, b) for a L + b with L latent
@@ -290,6 +301,11 @@ class _SVGPEstimator(BaseEstimator):
 
     def _prior_mean(self, t):
         return None
+
+    def __sklearn_is_fitted__(self):
+        # (a failed fit removes model_ but may leave other attributes, which scikit-learn's
+        # check_is_fitted would take for a fit)
+        return hasattr(self, "model_")
 
     # ---------------------------------------------------------------- parameters
     def _check_params(self):
@@ -757,7 +773,7 @@ _COMMON_DOC = """
         minibatch noise.
     max_iter : int, default 1000
         L-BFGS-B iterations of the main stage (the first stage, q alone with Z and the
-        hyperparameters frozen, adds up to min(max_iter / 4, 100); it is the only stage, of
+        hyperparameters frozen, adds up to max(1, min(max_iter // 4, 100)); it is the only stage, of
         up to max_iter iterations, when neither is trained), or epochs (passes of
         ceil(N / B) minibatch steps) for the stochastic optimisers.
     tol : float, default 1e-6
@@ -889,8 +905,11 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
     def _encode_targets(self, y, first_call, classes=None):
         check_classification_targets(y)
         if first_call:
-            labels = unique_labels(y) if classes is None else unique_labels(classes)
-            self._label_encoder = LabelEncoder().fit(labels)
+            if classes is not None:
+                unique_labels(classes)  # (a ValueError unless they are class labels)
+            # (np.unique's order and dtype, as scikit-learn's classifiers: object labels, a pandas
+            # Series of strings say, stay object; unique_labels made them fixed-width strings)
+            self._label_encoder = LabelEncoder().fit(y if classes is None else classes)
             self.classes_ = self._label_encoder.classes_
         elif classes is not None and not np.array_equal(unique_labels(classes), self.classes_):
             raise ValueError(f"classes={classes!r} differs from the first call's {self.classes_!r}")
@@ -957,7 +976,9 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         Default: Gaussian with variance 1 on the standardised targets when normalize_y,
         else the targets' mean square (which the default kernel's variance also starts at).
         Poisson gives count regression: the log rate is a constant, started at log mean(y) and
-        learned with the hyperparameters (``model_.prior_mean``), plus the GP.
+        learned with the hyperparameters (``model_.prior_mean``), plus the GP. Non-integer
+        targets y >= 0 are taken by the same formula (see pygpfast.likelihoods.Poisson), as
+        scikit-learn's Poisson models take them.
     normalize_y : bool, default True
         Gaussian likelihood: fit to (y - mean) / std of the training targets (of the first
         chunk for partial_fit); predictions are returned in the original units, while elbo_
@@ -996,6 +1017,11 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.callback = callback
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.positive_only = isinstance(self.likelihood, _likelihoods.Poisson)
+        return tags
 
     def _is_probit(self):
         return False
@@ -1049,7 +1075,10 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
             if standardise:
                 std = big * float(np.std(unit))
                 self.y_mean_, self.y_scale_ = big * float(np.mean(unit)), std if std > 0 else 1.0
-        return (y - self.y_mean_) / self.y_scale_ if self.y_scale_ != 1.0 or self.y_mean_ else y
+        t = (y - self.y_mean_) / self.y_scale_ if self.y_scale_ != 1.0 or self.y_mean_ else y
+        # (all rows here: the core checks each minibatch, and would name a row of the minibatch)
+        (self._make_likelihood() if first_call else self.likelihood_)._check_labels(t)
+        return t
 
     def predict_latent(self, X):
         """Mean [T] and variance [T] of the latent function at X [T, D] (in y's units for a

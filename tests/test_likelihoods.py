@@ -295,6 +295,30 @@ def test_poisson_predictions(n_gh, max_var, rtol):
     np.testing.assert_allclose(lik.predict_log_density(y, mu, var), np.log(ref_density), rtol=rtol)
 
 
+POISSON_REAL_Y = np.array([0.0, 0.3, 1.0, 2.5, 7.25, 40.5])
+
+
+def test_poisson_real_targets_use_the_same_formula():
+    # Non-integer y: y f - e^f - lgamma(y + 1), as scikit-learn's Poisson models take them;
+    # the derivatives do not involve lgamma.
+    mu = np.array([-1.0, 0.0, 0.7, 1.2, 2.0, 3.5])
+    var = np.array([0.5, 0.0, 1.0, 0.2, 0.6, 0.1])
+    lik = Poisson(n_gh=100)
+    value, d_mu, d_var = lik.variational_expectations(POISSON_REAL_Y, mu, var)
+    reference = reference_expectations(lik, POISSON_REAL_Y, mu, var)
+    np.testing.assert_allclose(value, reference, rtol=1e-11, atol=1e-11)
+    rate = np.exp(mu + var / 2)
+    np.testing.assert_allclose(d_mu, POISSON_REAL_Y - rate, rtol=1e-14)
+    np.testing.assert_allclose(d_var, -rate / 2, rtol=1e-14)
+    density = [normal_expectation(lambda f: np.exp(log_p(lik, yi)(f)), m, v)
+               for yi, m, v in zip(POISSON_REAL_Y, mu, var)]
+    np.testing.assert_allclose(lik.predict_log_density(POISSON_REAL_Y, mu, var), np.log(density),
+                               rtol=3e-6)
+    with pytest.raises(ValueError, match=r"y\[2\] = -0.5 is outside the support of the Poisson "
+                                         r"likelihood: labels must be finite and >= 0"):
+        lik.variational_expectations([1.5, 0.0, -0.5], mu[:3], var[:3])
+
+
 # ---- threads, bad input, parameters, pickling -------------------------------------------------
 
 
@@ -350,7 +374,7 @@ def test_bad_points(lik):
         (Bernoulli("logit"), -1.0),
         (Bernoulli(), 2.0),
         (Poisson(), -1.0),
-        (Poisson(), 2.5),
+        (Poisson(), -0.5),
     ],
     ids=repr,
 )
@@ -360,6 +384,15 @@ def test_labels_outside_the_support(lik, bad):
         lik.variational_expectations(y, [0.0, 0.0], [1.0, 1.0])
     with pytest.raises(ValueError, match=rf"y\[1\] = {bad:g}"):
         lik.predict_log_density(y, [0.0, 0.0], [1.0, 1.0])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_labels_are_named(bad):
+    y = [1.0, 2.0, bad]
+    with pytest.raises(ValueError, match=rf"y contains NaN or infinity: y\[2\] = {bad}"):
+        Poisson().variational_expectations(y, np.zeros(3), np.ones(3))
+    with pytest.raises(ValueError, match=rf"y contains NaN or infinity: y\[2\] = {bad}"):
+        Poisson().predict_log_density(y, np.zeros(3), np.ones(3))
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,15 @@
-"""scikit-learn's own estimator checks on SVGPClassifier and SVGPRegressor, with settings small
-enough for the test suite (few inducing points, few iterations). The binary-only classifiers (a
-Bernoulli likelihood, the mean-field method) say so in their tags, and the mean-field one, which
-is full-batch, has no partial_fit."""
+"""scikit-learn's own estimator checks on SVGPClassifier and SVGPRegressor (Gaussian and Poisson
+likelihoods), with settings small enough for the test suite (few inducing points, few
+iterations). The binary-only classifiers (a Bernoulli likelihood, the mean-field method) say so
+in their tags, and the mean-field one, which is full-batch, has no partial_fit. The Poisson
+regressor declares positive-only targets, so the checks give it y > 0 (real values, which it
+takes as scikit-learn's Poisson models do)."""
 
 import pytest
-from sklearn.utils.estimator_checks import parametrize_with_checks
+from sklearn.utils import get_tags
 
-from pygpfast import SVGPClassifier, SVGPRegressor
+from pygpfast import SVGPClassifier, SVGPRegressor, likelihoods
+from sklearn_checks import parametrize_with_checks
 
 SMALL = {"n_inducing": 8, "max_iter": 30}
 
@@ -17,6 +20,13 @@ SMALL = {"n_inducing": 8, "max_iter": 30}
     SVGPClassifier(likelihood="logit", **SMALL),
     SVGPClassifier(method="mf", **SMALL),
     SVGPRegressor(**SMALL),
+    SVGPRegressor(likelihood=likelihoods.Poisson(), **SMALL),
 ])
 def test_sklearn_compatible(estimator, check):
     check(estimator)
+
+
+def test_only_the_poisson_likelihood_declares_positive_targets():
+    assert get_tags(SVGPRegressor(likelihood=likelihoods.Poisson())).target_tags.positive_only
+    assert not get_tags(SVGPRegressor()).target_tags.positive_only
+    assert not get_tags(SVGPRegressor(likelihood=likelihoods.Gaussian())).target_tags.positive_only

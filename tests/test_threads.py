@@ -71,21 +71,14 @@ def test_default_follows_a_threadpoolctl_limit(restore_threads, limit):
     assert pygpfast.get_num_threads() == before
 
 
-def _blas_threads_here():
-    """This thread's BLAS thread count (set and put back)."""
-    before = pygpfast._core.set_blas_threads_local(1)
-    pygpfast._core.set_blas_threads_local(before)
-    return before
-
-
 def test_minimize_runs_scipy_on_one_blas_thread_and_the_objective_on_all(monkeypatch,
                                                                           restore_threads):
     # scipy's L-BFGS-B calls LAPACK's dtrtrs on tiny systems, which OpenBLAS spreads over all
     # its threads; with those threads spinning (scipy imported before pygpfast) a 0.8 s SVGP
     # fit took 6.2 s. The optimiser's own calls now run on one BLAS thread, the objective's
     # and the callback's (the core's) on pygpfast's count.
-    if not pygpfast._core.blas_per_thread_control:
-        pytest.skip("the BLAS has no per-thread setting")
+    if not pygpfast._core.blas_thread_control:
+        pytest.skip("the BLAS thread count cannot be set")
     import scipy.optimize
 
     from pygpfast import _threads
@@ -94,22 +87,22 @@ def test_minimize_runs_scipy_on_one_blas_thread_and_the_objective_on_all(monkeyp
     seen = {}
 
     def fake_minimize(fun, x0, callback=None, **kwargs):
-        seen["scipy"] = _blas_threads_here()
+        seen["scipy"] = pygpfast._core.blas_threads()
         value = fun(x0)
         callback(x0)
-        seen["scipy after"] = _blas_threads_here()
+        seen["scipy after"] = pygpfast._core.blas_threads()
         return value
 
     def objective(x):
-        seen["objective"] = _blas_threads_here()
+        seen["objective"] = pygpfast._core.blas_threads()
         return float(np.sum(x**2))
 
     monkeypatch.setattr(scipy.optimize, "minimize", fake_minimize)
     value = _threads.minimize(objective, np.ones(3), callback=lambda x: seen.setdefault(
-        "callback", _blas_threads_here()))
+        "callback", pygpfast._core.blas_threads()))
     assert value == 3.0
     assert seen == {"scipy": 1, "objective": 2, "callback": 2, "scipy after": 1}
-    assert _blas_threads_here() == 2
+    assert pygpfast._core.blas_threads() == 2
 
 
 _FORK_SCRIPT = """
@@ -144,3 +137,66 @@ def test_a_child_forked_after_parallel_work_runs_on_one_thread(tmp_path):
     out = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split("\n")[0] == "2 [1, 1] True"
+
+
+def _blas_counts():
+    from threadpoolctl import threadpool_info
+
+    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
+def test_one_blas_thread_scopes_in_threads_restore_the_count(monkeypatch, restore_threads):
+    # OpenBLAS's openblas_set_num_threads_local is process-wide (pthreads builds call the
+    # global setter). _threads.minimize in two threads, each setting one BLAS thread for scipy's
+    # part and putting back the count it found, restored in the wrong order (A found 2, B found
+    # A's 1, A put back 2, B put back 1), and the BLAS stayed on one thread for the process.
+    if not pygpfast._core.blas_thread_control:
+        pytest.skip("the BLAS's thread count cannot be set")
+    import threading
+
+    import scipy.optimize
+
+    from pygpfast import _threads
+
+    pygpfast.set_num_threads(2)
+    before = _blas_counts()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def fake_minimize(fun, x0, callback=None, **kwargs):  # (scipy's part: A's, then B's, open)
+        if threading.current_thread().name == "A":
+            a_in.set()
+            b_in.wait(10)
+        else:
+            a_in.wait(10)
+            b_in.set()
+            a_out.wait(10)
+        return fun(x0)
+
+    def run():
+        _threads.minimize(lambda x: 0.0, np.zeros(1))
+        if threading.current_thread().name == "A":
+            a_out.set()
+
+    monkeypatch.setattr(scipy.optimize, "minimize", fake_minimize)
+    threads = [threading.Thread(target=run, name=name) for name in "AB"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _blas_counts() == before
+
+
+def test_a_fit_with_parallel_blas_loops_leaves_the_blas_count(restore_threads):
+    # The same within one fit: each OpenMP thread of the core's parallel regions whose items
+    # call BLAS (VGP's rank-b updates of V at N >= ~700) set one BLAS thread and put back what
+    # it found; one VGPClassifier fit at N = 1500 left scipy's BLAS, which scipy.linalg and the
+    # core use, on one thread for the rest of the process.
+    if not (pygpfast._core.blas_thread_control and pygpfast._core.openmp_enabled()):
+        pytest.skip("needs OpenMP and a BLAS whose thread count can be set")
+    pygpfast.set_num_threads(2)
+    before = _blas_counts()
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((1000, 2))
+    pygpfast.VGPClassifier(optimize_hyperparameters=False, inner_max_iter=3).fit(
+        X, X[:, 0] > 0)
+    assert _blas_counts() == before

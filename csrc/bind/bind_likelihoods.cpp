@@ -65,6 +65,15 @@ void bind_likelihoods(py::module_& m) {
       "dparam is the derivative in the Gaussian variance (0 for the others).");
 
   m.def(
+      "check_labels",
+      [](int kind, double variance, int n_gh, int num_classes, const py::array& y) {
+        const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
+        likelihoods::check_labels(lik, as_vector(y, "y"), y.shape(0));
+      },
+      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"),
+      "ValueError naming the first label of y [N] outside the likelihood's support.");
+
+  m.def(
       "predict_mean_and_var",
       [](int kind, double variance, int n_gh, int num_classes, const py::array& mu, const py::array& var) {
         const auto lik = make_likelihood(kind, variance, n_gh, num_classes);

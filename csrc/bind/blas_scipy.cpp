@@ -23,7 +23,7 @@ void* capsule_pointer(const py::dict& capi, const char* module, const char* name
   return p;
 }
 
-// OpenBLAS's per-thread thread count, looked up in the library that provides scipy's BLAS
+// OpenBLAS's openblas_set_num_threads_local, looked up in the library that provides scipy's BLAS
 // (the capsule points into scipy's cython_blas module, whose dependencies include it); null
 // when that BLAS has none.
 blas::set_num_threads_local_t find_set_num_threads_local(void* routine) {
@@ -67,7 +67,7 @@ void bind_blas(py::module_& m) {
   t.dlauum = reinterpret_cast<blas::dlauum_t>(capsule_pointer(l, lm, "dlauum"));
   t.set_num_threads_local = find_set_num_threads_local(reinterpret_cast<void*>(t.dgemm));
   blas::set_table(t);
-  m.attr("blas_per_thread_control") = t.set_num_threads_local != nullptr;
+  m.attr("blas_thread_control") = t.set_num_threads_local != nullptr;
   m.attr("blas_source") = "scipy.linalg.cython_blas/cython_lapack";
 
   m.def(

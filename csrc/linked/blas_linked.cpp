@@ -55,10 +55,10 @@ void install_linked_blas() {
   t.dtrtri = dtrtri_;
   t.dlauum = dlauum_;
   t.set_num_threads_local = openblas_set_num_threads_local;  // (null if absent)
-  // Without the per-thread setting, BLAS calls made by the core's OpenMP threads each start
+  // Without openblas_set_num_threads_local, BLAS calls made by the core's OpenMP threads each start
   // the whole BLAS thread pool (an SVGP step at M = 256, B = 256 with two OpenMP threads and
   // Debian's OpenBLAS 0.3.21: 52 ms instead of 6.6 ms); BLAS runs on one thread instead.
-  // Its per-thread setting is then a no-op that reports one thread.
+  // The core's setting is then a no-op that reports one thread.
   if (openblas_without_local_setting()) {
     openblas_set_num_threads(1);
     t.set_num_threads_local = [](int) { return 1; };

@@ -114,6 +114,13 @@ void factor_b(ConstMatrixView Sigma, const double* s, MatrixView B, bool jitter,
 
 // Damped repetitions of a sweep that lowered the bound before residual steps take over.
 constexpr int kDampedSweeps = 3;
+// V is rebuilt at convergence after an update that changed a variance by more than this factor,
+// at most kMaxRebuilds times in a run. V's error grows much faster than the factor times eps:
+// warm starts with lambda = 1e2 to 1e6 changed variances by 1e4 to 1e8 and left the bound
+// carried along 1e-8 to 1e-3 relative off the bound at the returned (alpha, lambda) (250 of 290
+// random starts at a limit of 1e8, 12 at 1e4, none at 1e2).
+constexpr double kChangeLimit = 1e2;
+constexpr int kMaxRebuilds = 2;
 
 // The inference state: the caller's alpha and lambda [L, N], m and v [L, N], V_l [N, N] (the
 // lower triangles are kept current) and log|I + Lambda_l Sigma| per latent function.
@@ -145,28 +152,7 @@ class Inference {
     dv_.resize(m_.size());
     d2m_.resize(m_.size());
     start_ = Clock::now();
-    // V = (Omega + Lambda)^-1 from V = Sigma by setting each lambda_i to its starting value.
-    const Buffer target(lambda, lambda + L_ * N_);
-    std::fill(lambda, lambda + L_ * N_, 0.0);
-    for (index_t l = 0; l < L_; ++l) {
-      MatrixView V = V_of(l);
-      for (index_t i = 0; i < N_; ++i) std::copy(Sigma.row(i), Sigma.row(i) + N_, V.row(i));
-      const double* t = target.data() + l * N_;
-      const bool warm = std::any_of(t, t + N_, [](double x) { return x != 0.0; });
-      warm_ = warm_ || warm;
-      if (warm)
-        sweep(l, [&](index_t i, double /*v_old*/, double c) {
-          if (!(c + t[i] > 0.0))
-            throw LinAlgError("cvi", static_cast<int>(i + 1),
-                              "the starting site precisions do not give a positive-definite "
-                              "posterior precision Omega + Lambda (site " +
-                                  std::to_string(i) + "); start from lambda = 0");
-          return 1.0 / (c + t[i]);
-        });
-      else
-        refresh_variances(l);
-      compute_mean(l);
-    }
+    warm_ = build_V();
   }
 
   Result run() {
@@ -230,9 +216,41 @@ class Inference {
       const double target = opt_.tol * std::max(1.0, std::fabs(bound));
       if (means_done && (bound - previous <= target || 4.0 * sweep_gain_estimate() <= target)) {
         // A step that could not move the variances, or refused some, or leaves sites that
-        // would still change their variance by a percent, is a stall (the relative target
-        // means little once the bound itself is off by orders of magnitude).
-        result_.converged = clean && largest_site_step() <= 0.01;
+        // would still change their variance by a percent, or means off eq. (7) by a percent,
+        // is a stall (the relative target means little once the bound itself is off by orders
+        // of magnitude: Newton's steps on means with rates e^38 gain nothing measurable).
+        const bool stationary =
+            clean && largest_site_step() <= 0.01 && largest_mean_residual() <= 0.01;
+        // An update that changed a variance by a large factor (either way) leaves errors in V
+        // (from a start with rates e^38, a factor ~1e17: the bound carried along was -23.9
+        // where V rebuilt from lambda gives -10.1). Past kChangeLimit, V is rebuilt; the
+        // iterations go on from the rebuilt bound unless it agrees with the one carried
+        // along, and a run that needs more than kMaxRebuilds, or whose lambda leaves V no
+        // digits, is a stall.
+        bool trusted = max_change_ <= kChangeLimit;
+        if (stationary && !trusted && rebuilds_ < kMaxRebuilds) {
+          ++rebuilds_;
+          max_change_ = 1.0;
+          saved_V = V_;
+          saved_lambda.assign(lambda_, lambda_ + L_ * N_);
+          saved_logdet = logdet_;
+          try {
+            build_V();
+          } catch (const LinAlgError&) {
+            restore();
+            bound = evaluate();
+            break;
+          }
+          const double rebuilt = evaluate();
+          // (agreement to 1e-10 relative at least: a rebuild from lambda Sigma_ii ~ 1e9 is
+          // itself only that accurate, and asking for tol = 1e-12 stalled such runs)
+          if (!(std::fabs(rebuilt - bound) <= std::max(target, 1e-10 * std::fabs(bound)))) {
+            bound = rebuilt;
+            continue;
+          }
+          trusted = true;
+        }
+        result_.converged = stationary && trusted;
         break;
       }
     }
@@ -270,6 +288,35 @@ class Inference {
   void refresh_variances(index_t l) {
     const MatrixView V = V_of(l);
     for (index_t i = 0; i < N_; ++i) v_[l * N_ + i] = V(i, i);
+  }
+
+  // V_l = (Omega + Lambda_l)^-1 from V_l = Sigma by rank-one updates that set each lambda_i
+  // from 0 to its current value, and the means from alpha. Returns whether any lambda_i != 0.
+  bool build_V() {
+    const Buffer target(lambda_, lambda_ + L_ * N_);
+    std::fill(lambda_, lambda_ + L_ * N_, 0.0);
+    std::fill(logdet_.begin(), logdet_.end(), 0.0);
+    bool any = false;
+    for (index_t l = 0; l < L_; ++l) {
+      MatrixView V = V_of(l);
+      for (index_t i = 0; i < N_; ++i) std::copy(Sigma_.row(i), Sigma_.row(i) + N_, V.row(i));
+      const double* t = target.data() + l * N_;
+      const bool nonzero = std::any_of(t, t + N_, [](double x) { return x != 0.0; });
+      any = any || nonzero;
+      if (nonzero)
+        sweep(l, [&](index_t i, double /*v_old*/, double c) {
+          if (!(c + t[i] > 0.0))
+            throw LinAlgError("cvi", static_cast<int>(i + 1),
+                              "the starting site precisions do not give a positive-definite "
+                              "posterior precision Omega + Lambda (site " +
+                                  std::to_string(i) + "); start from lambda = 0");
+          return 1.0 / (c + t[i]);
+        });
+      else
+        refresh_variances(l);
+      compute_mean(l);
+    }
+    return any;
   }
 
   // The bound at (m, v): sum_n f_b + sum_l 1/2 [-log|I + Lambda_l Sigma| + lambda_l . v_l
@@ -314,6 +361,7 @@ class Inference {
       const double v_new = rule(i, v_old, c);
       lam[i] = 1.0 / v_new - c;
       logdet += std::log(v_old / v_new);
+      max_change_ = std::max(max_change_, std::max(v_old / v_new, v_new / v_old));
       return (v_new - v_old) / (v_old * v_old);
     };
     if (b == 1) {  // the literal algorithm: one BLAS-2 rank-one update (DSYR) per coordinate
@@ -463,6 +511,10 @@ class Inference {
     // phi is flat at its maximum: values that differ by the rounding of its terms are equal.
     const double noise =
         1e-13 * (1.0 + std::fabs(std::log(v_old)) + std::fabs(c * v_old) + 2.0 * std::fabs(e.value));
+    // Where the site's bound overflows at v_old (a Poisson site from V = Sigma with Sigma_ii
+    // past ~1420: e^(v/2) = inf, and the bound -inf), the search starts from a variance at
+    // which it is finite (phi0 = -inf then accepts any finite result).
+    for (int k = 0; k < 64 && !std::isfinite(g0); ++k) g0 = g(u0 -= 1.0);
     constexpr double kTol = 1e-14;
     double u = u0;
     if (std::fabs(g0) > kTol) {
@@ -751,6 +803,14 @@ class Inference {
     return step;
   }
 
+  // max_i |alpha_i - dm_i| / max(1, |dm_i|): how far the means are from eq. (7), relative.
+  double largest_mean_residual() const {
+    double r = 0.0;
+    for (index_t i = 0; i < L_ * N_; ++i)
+      r = std::max(r, std::fabs(alpha_[i] - dm_[i]) / std::max(1.0, std::fabs(dm_[i])));
+    return r;
+  }
+
   // Stationarity residuals of eqs. (7)-(8) at the end.
   void residuals() {
     local_bounds(lb_, y_, N_, m_.data(), v_.data(), f_.data(), dm_.data(), dv_.data(), d2m_.data(),
@@ -774,6 +834,10 @@ class Inference {
   Counter count_;
   Result result_;
   bool warm_ = false;
+  // The largest factor by which an update changed a variance since V was last built (either
+  // way), and the rebuilds.
+  double max_change_ = 1.0;
+  int rebuilds_ = 0;
   Clock::time_point start_;
 };
 

@@ -51,7 +51,7 @@ struct PointOutput {
 };
 
 // f_b of one point (latents at m[l * stride], v[l * stride]) and its derivatives per latent.
-// Poisson omits log y! (added serially by the caller: glibc's lgamma is not thread safe).
+// Poisson omits lgamma(y + 1) (added serially by the caller: glibc's lgamma is not thread safe).
 PointOutput point_bound(const LocalBound& lb, double y, const double* m, const double* v,
                         index_t stride, double* dm, double* dv, double* d2m) {
   PointOutput out;
@@ -204,8 +204,8 @@ void check_labels(const LocalBound& lb, const double* y, index_t n) {
         if (!ok) support = "0 or 1";
         break;
       case LocalBoundType::Poisson:
-        ok = yi >= 0.0 && std::isfinite(yi) && yi == std::floor(yi);
-        if (!ok) support = "non-negative integers (counts)";
+        ok = yi >= 0.0 && std::isfinite(yi);
+        if (!ok) support = "finite and >= 0";
         break;
       default:
         ok = yi >= 0.0 && yi <= lb.num_classes - 1 && yi == std::floor(yi);

@@ -74,9 +74,10 @@ struct SigmoidPair {
   return sigmoid_pair(y > 0.5 ? f : -f).log_of_z;
 }
 
-// log(y!) for an integer y >= 0. glibc's lgamma writes the global signgam, a data race in
+// lgamma(y + 1) for y >= 0: log y! for counts, and the Poisson log-likelihood's constant for
+// non-integer y by the same formula. glibc's lgamma writes the global signgam, a data race in
 // an OpenMP loop; lgamma_r does not.
-double log_factorial(double y) {
+double log_gamma_plus_one(double y) {
 #if defined(__GLIBC__)
   int sign;
   return ::lgamma_r(y + 1.0, &sign);
@@ -224,40 +225,6 @@ const char* name_of(LikelihoodType type) {
   return "unknown";
 }
 
-void check_labels(const Likelihood& lik, const double* y, index_t n) {
-  for (index_t i = 0; i < n; ++i) {
-    bool ok = false;
-    const char* support = "";
-    switch (lik.type) {
-      case LikelihoodType::Gaussian:
-        ok = std::isfinite(y[i]);
-        support = "finite";
-        break;
-      case LikelihoodType::BernoulliProbit:
-      case LikelihoodType::BernoulliLogit:
-        ok = y[i] == 0.0 || y[i] == 1.0;
-        support = "0 or 1";
-        break;
-      case LikelihoodType::Poisson:
-        ok = y[i] >= 0.0 && std::isfinite(y[i]) && y[i] == std::floor(y[i]);
-        support = "non-negative integers (counts)";
-        break;
-      case LikelihoodType::Softmax:
-        ok = y[i] >= 0.0 && y[i] < lik.num_classes && y[i] == std::floor(y[i]);
-        support = "class indices 0, 1, ..., num_classes - 1";
-        break;
-    }
-    if (!ok)  // (the message is built only on failure: this loop runs over every point)
-      throw std::invalid_argument(std::string("y[") + std::to_string(i) + "] = " +
-                                  format_value(y[i]) + " is outside the support of the " +
-                                  name_of(lik.type) + " likelihood" +
-                                  (lik.num_classes > 0 ? " with " + std::to_string(lik.num_classes) +
-                                                             " classes"
-                                                       : std::string()) +
-                                  ": labels must be " + support);
-  }
-}
-
 // The name of entry k of an [n, D] array: "x[i]" when D = 1, "x[i, c]" otherwise.
 std::string entry_name(const char* x, index_t k, index_t D) {
   return std::string(x) + "[" + std::to_string(k / D) +
@@ -298,6 +265,40 @@ void validate(const Likelihood& lik) {
           lik.n_gh);
 }
 
+void check_labels(const Likelihood& lik, const double* y, index_t n) {
+  for (index_t i = 0; i < n; ++i) {
+    bool ok = false;
+    const char* support = "";
+    switch (lik.type) {
+      case LikelihoodType::Gaussian:
+        ok = std::isfinite(y[i]);
+        support = "finite";
+        break;
+      case LikelihoodType::BernoulliProbit:
+      case LikelihoodType::BernoulliLogit:
+        ok = y[i] == 0.0 || y[i] == 1.0;
+        support = "0 or 1";
+        break;
+      case LikelihoodType::Poisson:
+        ok = y[i] >= 0.0 && std::isfinite(y[i]);
+        support = "finite and >= 0";
+        break;
+      case LikelihoodType::Softmax:
+        ok = y[i] >= 0.0 && y[i] < lik.num_classes && y[i] == std::floor(y[i]);
+        support = "class indices 0, 1, ..., num_classes - 1";
+        break;
+    }
+    if (!ok)  // (the message is built only on failure: this loop runs over every point)
+      throw std::invalid_argument(std::string("y[") + std::to_string(i) + "] = " +
+                                  format_value(y[i]) + " is outside the support of the " +
+                                  name_of(lik.type) + " likelihood" +
+                                  (lik.num_classes > 0 ? " with " + std::to_string(lik.num_classes) +
+                                                             " classes"
+                                                       : std::string()) +
+                                  ": labels must be " + support);
+  }
+}
+
 index_t latent_dim(const Likelihood& lik) {
   return lik.num_classes > 0 ? static_cast<index_t>(lik.num_classes) : 1;
 }
@@ -327,7 +328,7 @@ void variational_expectations(const Likelihood& lik, const double* y, const doub
     case LikelihoodType::Poisson:
       for_each_point(n, 1, [&](index_t i) {
         const double expected_rate = std::exp(mu[i] + 0.5 * var[i]);  // E[exp(f)]
-        f[i] = y[i] * mu[i] - expected_rate - log_factorial(y[i]);
+        f[i] = y[i] * mu[i] - expected_rate - log_gamma_plus_one(y[i]);
         dmu[i] = y[i] - expected_rate;
         dvar[i] = -0.5 * expected_rate;
       });
@@ -436,7 +437,7 @@ void predict_log_density(const Likelihood& lik, const double* y, const double* m
       for_each_point(n, q.size(), [&](index_t i) {
         out[i] = log_expected_density(q, mu[i], var[i],
                                       [&](double fk) { return y[i] * fk - std::exp(fk); }) -
-                 log_factorial(y[i]);
+                 log_gamma_plus_one(y[i]);
       });
       return;
     }

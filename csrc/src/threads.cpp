@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 
 #include "pygpfast/blas.hpp"
 
@@ -79,21 +80,71 @@ int threads_for_blas_calls(index_t items, index_t min_per_thread) {
   return threads_for(items, min_per_thread);
 }
 
-int set_blas_threads_local(int n) {
-  if (!blas::has_table() || blas::table().set_num_threads_local == nullptr) return 0;
-  return blas::table().set_num_threads_local(n);
+namespace {
+
+// enter_one_blas_thread's scopes open in the process, and the BLAS's count before the first.
+struct BlasScopes {
+  std::mutex mutex;
+  int open = 0;
+  int threads_before = 0;
+};
+
+// Never destroyed (scopes may close during static destruction). The fork handlers take the
+// mutex around a fork, so that a child forked while another thread held it gets it unlocked.
+BlasScopes& blas_scopes() {
+  static BlasScopes* scopes = [] {
+#ifdef PYGPFAST_HAVE_ATFORK
+    pthread_atfork([] { blas_scopes().mutex.lock(); }, [] { blas_scopes().mutex.unlock(); },
+                   [] { blas_scopes().mutex.unlock(); });
+#endif
+    return new BlasScopes();
+  }();
+  return *scopes;
+}
+
+blas::set_num_threads_local_t blas_setting() {
+  return blas::has_table() ? blas::table().set_num_threads_local : nullptr;
+}
+
+}  // namespace
+
+bool enter_one_blas_thread() {
+  const auto set = blas_setting();
+  if (set == nullptr) return false;
+  BlasScopes& scopes = blas_scopes();
+  const std::lock_guard<std::mutex> lock(scopes.mutex);
+  if (scopes.open++ == 0) scopes.threads_before = set(1);
+  return true;
+}
+
+void leave_one_blas_thread() {
+  const auto set = blas_setting();
+  if (set == nullptr) return;
+  BlasScopes& scopes = blas_scopes();
+  const std::lock_guard<std::mutex> lock(scopes.mutex);
+  if (--scopes.open == 0 && scopes.threads_before > 0) set(scopes.threads_before);
+}
+
+int blas_threads() {
+  const auto set = blas_setting();
+  if (set == nullptr) return 0;
+  BlasScopes& scopes = blas_scopes();
+  const std::lock_guard<std::mutex> lock(scopes.mutex);
+  const int n = set(1);
+  set(n);
+  return n;
 }
 
 SingleThreadScope::SingleThreadScope(bool active) : active_(active) {
   if (!active_) return;
   ++single_thread_depth;
-  previous_blas_ = set_blas_threads_local(1);
+  blas_ = enter_one_blas_thread();
 }
 
 SingleThreadScope::~SingleThreadScope() {
   if (!active_) return;
   --single_thread_depth;
-  if (previous_blas_ > 0) set_blas_threads_local(previous_blas_);
+  if (blas_) leave_one_blas_thread();
 }
 
 bool openmp_enabled() {

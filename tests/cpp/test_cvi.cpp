@@ -86,15 +86,20 @@ std::vector<double> dense_V(const Problem& p, const double* lambda) {
 PYGPFAST_TEST(poisson_and_logit_local_bounds_are_their_closed_forms) {
   cvi::LocalBound pois;
   pois.type = cvi::LocalBoundType::Poisson;
-  const double y[2] = {3.0, 0.0}, m[2] = {0.4, -1.0}, v[2] = {0.5, 2.0};
-  double f[2], dm[2], dv[2], d2m[2];
-  cvi::local_bounds(pois, y, 2, m, v, f, dm, dv, d2m, nullptr);
-  for (int i = 0; i < 2; ++i) {
+  const double y[3] = {3.0, 0.0, 2.5}, m[3] = {0.4, -1.0, 0.7}, v[3] = {0.5, 2.0, 0.1};
+  double f[3], dm[3], dv[3], d2m[3];
+  cvi::check_labels(pois, y, 3);
+  cvi::local_bounds(pois, y, 3, m, v, f, dm, dv, d2m, nullptr);
+  for (int i = 0; i < 3; ++i) {  // (y = 2.5: a non-integer by the same formula)
     const double rate = std::exp(m[i] + 0.5 * v[i]);
     CHECK_NEAR(f[i], y[i] * m[i] - rate - std::lgamma(y[i] + 1.0), 1e-14);
     CHECK_NEAR(dm[i], y[i] - rate, 1e-14);
     CHECK_NEAR(dv[i], -0.5 * rate, 1e-14);
     CHECK_NEAR(d2m[i], -rate, 1e-14);
+  }
+  for (double bad : {-0.5, std::nan(""), HUGE_VAL}) {
+    const double yb[2] = {1.0, bad};
+    CHECK_THROWS(cvi::check_labels(pois, yb, 2), std::invalid_argument);
   }
   const auto lb = logit();
   const double yl[2] = {1.0, 0.0};

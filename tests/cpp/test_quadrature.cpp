@@ -92,4 +92,26 @@ PYGPFAST_TEST(bad_labels_and_variances_throw) {
                std::invalid_argument);
 }
 
+PYGPFAST_TEST(poisson_takes_real_targets_and_refuses_non_finite_ones) {
+  // Non-integer y >= 0 by the same formula: y mu - E[exp(f)] - lgamma(y + 1).
+  likelihoods::Likelihood lik;
+  lik.type = likelihoods::LikelihoodType::Poisson;
+  const std::vector<double> y = {2.5, 0.3}, mu = {0.4, -1.0}, var = {0.5, 2.0};
+  std::vector<double> f(2), dmu(2), dvar(2);
+  likelihoods::variational_expectations(lik, y.data(), mu.data(), var.data(), 2, f.data(),
+                                        dmu.data(), dvar.data(), nullptr);
+  for (int i = 0; i < 2; ++i) {
+    const double rate = std::exp(mu[i] + 0.5 * var[i]);
+    CHECK_NEAR(f[i], y[i] * mu[i] - rate - std::lgamma(y[i] + 1.0), 1e-14);
+    CHECK_NEAR(dmu[i], y[i] - rate, 1e-14);
+    CHECK_NEAR(dvar[i], -0.5 * rate, 1e-14);
+  }
+  for (double bad : {-0.5, std::nan(""), HUGE_VAL}) {
+    const std::vector<double> labels = {1.0, bad};
+    CHECK_THROWS(likelihoods::variational_expectations(lik, labels.data(), mu.data(), var.data(), 2,
+                                                       f.data(), dmu.data(), dvar.data(), nullptr),
+                 std::invalid_argument);
+  }
+}
+
 PYGPFAST_TEST_MAIN

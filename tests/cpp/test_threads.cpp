@@ -1,5 +1,5 @@
 // Thread policy (threads.hpp): loops whose items call BLAS stay on one thread when the BLAS
-// has no per-thread setting.
+// thread count cannot be set.
 #include "blas_linked.hpp"
 #include "check.hpp"
 #include "pygpfast/blas.hpp"

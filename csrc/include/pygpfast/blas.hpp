@@ -39,7 +39,8 @@ using dpotrf_t = void (*)(char*, int*, double*, int*, int*);
 using dpotri_t = dpotrf_t;
 using dtrtri_t = void (*)(char*, char*, int*, double*, int*, int*);
 using dlauum_t = void (*)(char*, int*, double*, int*, int*);
-// OpenBLAS (>= 0.3.27): the calling thread's BLAS thread count; returns the previous one.
+// OpenBLAS's openblas_set_num_threads_local (>= 0.3.27): sets the BLAS thread count (for the
+// whole process, whatever its name); returns the previous one.
 using set_num_threads_local_t = int (*)(int);
 
 struct Table {
@@ -59,7 +60,7 @@ struct Table {
   dpotri_t dpotri = nullptr;
   dtrtri_t dtrtri = nullptr;
   dlauum_t dlauum = nullptr;
-  // Optional (null when the BLAS has no per-thread setting): see threads.hpp.
+  // Optional (null when the BLAS has no such setting): see threads.hpp.
   set_num_threads_local_t set_num_threads_local = nullptr;
 };
 

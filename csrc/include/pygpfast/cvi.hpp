@@ -97,7 +97,8 @@ namespace pygpfast::cvi {
 // seed, with llp(x) = log(1 + e^x) replaced by a piecewise upper bound B >= llp:
 enum class LocalBoundType : int {
   BernoulliLogit = 0,  // y in {0, 1}; 1 latent: y m - E[B(z)]
-  Poisson = 1,         // y in {0, 1, ...}; 1 latent: y m - exp(m + v/2) - log y!  (exact)
+  Poisson = 1,         // y >= 0 (counts; real y by the same formula); 1 latent:
+                       //   y m - exp(m + v/2) - lgamma(y + 1)  (exact)
   Multinomial = 2,     // y in {0..C-1}; C latents: m_y - lse(m + v/2)  (Blei & Lafferty)
   StickBreaking = 3,   // y in {0..C-1}; C-1 latents: log p(y = k) = log sigmoid(z_k)
                        //   + sum_{j<k} log sigmoid(-z_j) (no first term for k = C-1),

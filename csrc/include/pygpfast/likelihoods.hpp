@@ -15,7 +15,7 @@ enum class LikelihoodType : int {
   Gaussian = 0,         // p(y|f) = N(y | f, variance); closed form
   BernoulliProbit = 1,  // y in {0, 1}, p(y=1|f) = Phi(f); Gauss-Hermite
   BernoulliLogit = 2,   // y in {0, 1}, p(y=1|f) = sigmoid(f); Gauss-Hermite
-  Poisson = 3,          // y in {0, 1, 2, ...}, rate exp(f); closed form
+  Poisson = 3,          // y >= 0 (counts; real y by the same formula), rate exp(f); closed form
   Softmax = 4,          // y in {0, ..., C - 1}, p(y=c|f) = softmax_c(f), C = num_classes >= 2
 };
 
@@ -33,6 +33,10 @@ index_t latent_dim(const Likelihood& lik);
 
 // Validates a likelihood description (throws std::invalid_argument).
 void validate(const Likelihood& lik);
+
+// Throws std::invalid_argument naming the first label of y [n] outside the likelihood's support
+// (the check of variational_expectations and predict_log_density).
+void check_labels(const Likelihood& lik, const double* y, index_t n);
 
 // For i < n: f[i] = E[log p(y_i|f)], dmu[i] = d f[i]/d mu_i, dvar[i] = d f[i]/d var_i under
 // f ~ N(mu_i, var_i), var_i >= 0. When dparam is not null, dparam[i] = d f[i]/d variance for

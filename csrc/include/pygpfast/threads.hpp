@@ -23,15 +23,23 @@ void set_num_threads(int n);
 int threads_for(index_t items, index_t min_per_thread);
 
 // The same for a loop whose items call BLAS, each thread inside a SingleThreadScope: 1 when the
-// BLAS has no per-thread setting (OpenBLAS before 0.3.27), since each of several threads would
-// then start the whole BLAS pool on every call; that loop runs on one thread and its BLAS calls
-// use the BLAS's own threads.
+// BLAS's thread count cannot be set (OpenBLAS before 0.3.27), since each of several threads
+// would then start the whole BLAS pool on every call; that loop runs on one thread and its BLAS
+// calls use the BLAS's own threads.
 int threads_for_blas_calls(index_t items, index_t min_per_thread);
 
-// Sets the calling thread's BLAS thread count to n (n <= 0: the BLAS's own default) where the
-// BLAS has a per-thread setting (OpenBLAS >= 0.3.27); returns the count before, or 0 (and
-// changes nothing) where it has none.
-int set_blas_threads_local(int n);
+// While at least one is open, anywhere in the process, the BLAS runs on one thread; the last to
+// close restores the count from before the first opened. (OpenBLAS's
+// openblas_set_num_threads_local, the setting used, is process-wide: pthreads builds call the
+// global setter. Set-and-restore pairs on several threads, the OpenMP threads of one parallel
+// region or fits in several Python threads, restored in the wrong order and left the BLAS on
+// one thread for the rest of the process.) enter returns false, and nothing is to be left,
+// where the BLAS's count cannot be set.
+bool enter_one_blas_thread();
+void leave_one_blas_thread();
+
+// The BLAS's thread count, or 0 where it cannot be read.
+int blas_threads();
 
 // True when the core was compiled with OpenMP.
 bool openmp_enabled();
@@ -49,7 +57,8 @@ void parallel_for(index_t n, index_t min_per_thread, const Body& body) {
 }
 
 // While one exists (when `active`), the calling thread runs the core on one thread: its OpenMP
-// loops (threads_for returns 1) and, where the BLAS has a per-thread setting, its BLAS calls.
+// loops (threads_for returns 1) and, where the BLAS's count can be set, its BLAS calls (and so
+// every thread's: see enter_one_blas_thread).
 // For work too small to pay for a second thread: waking one costs more than it saves, and on a
 // shared machine every barrier waits for a thread the scheduler may have paused.
 class SingleThreadScope {
@@ -61,7 +70,7 @@ class SingleThreadScope {
 
  private:
   bool active_;
-  int previous_blas_ = 0;
+  bool blas_ = false;
 };
 
 }  // namespace pygpfast
