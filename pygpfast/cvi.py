@@ -56,7 +56,7 @@ from ._memory import check_fits, explain_memory_error
 from ._validation import KernelParams, array_of_matrix, callback_says_stop, check_int
 from .exceptions import LinAlgError
 from .piecewise import llp_bound
-from .svgp import _default_kernel
+from .svgp import _data_scaled_kernel, _default_kernel
 
 __all__ = ["LocalBound", "InferenceResult", "infer", "oa_objective", "VGPClassifier",
            "VGPPoissonRegressor"]
@@ -582,16 +582,26 @@ class _VGPEstimator(KernelParams, BaseEstimator):
     def _fit(self, X, t, local_bound, mean, learn_mean):
         rs = check_random_state(self.random_state)
         kernel = copy.deepcopy(self.kernel) if self.kernel is not None else _default_kernel(X, rs)
-        theta0 = kernel.theta
+        start = copy.deepcopy(kernel)
         memory = self._memory_plan(X.shape[0], local_bound.num_latent, kernel)
         check_fits(*memory)
-        run = _Run(self, X, t, _Hyperparameters(kernel, local_bound,
-                                                np.asarray(mean, dtype=np.float64), learn_mean))
+        mean = np.asarray(mean, dtype=np.float64)
         self._clock = time.perf_counter()
+        self.restart_ = None
         try:
             with explain_memory_error(*memory):
-                theta = (self._optimise(run) if self.optimize_hyperparameters
-                         else run.hyper.get())
+                run, theta, capped, stopped = self._search(X, t, kernel, local_bound, mean,
+                                                           learn_mean)
+                found = self._diagnose(X, start)
+                if (found is not None and found.restartable and self.optimize_hyperparameters
+                        and not stopped):
+                    restart = self._restart(X, t, rs, start, local_bound, mean, learn_mean,
+                                            (run, theta, capped), found)
+                    if restart is not None:
+                        run, theta, capped, start = restart
+                        found = self._diagnose(X, start)
+                        if found is not None and self.restart_["both_constant"]:
+                            found = None  # (both starts agree: the data show no signal)
                 info, alpha, lam = self._set_fitted(run, theta)
                 self._predictive_factor()
         except BaseException:  # (a callback may have set the attributes of a search that failed)
@@ -604,9 +614,20 @@ class _VGPEstimator(KernelParams, BaseEstimator):
                 print(f"[{type(self).__name__}] bound {self.bound_: .8e}  "
                       f"{self.n_iter_} inference iterations  "
                       f"{time.perf_counter() - self._clock:.1f} s", flush=True)
-        else:
-            _kernels.warn_if_search_stalled(self.kernel_, theta0, X, 1.0, type(self).__name__,
-                                            stacklevel=3)
+        elif capped:
+            warnings.warn(f"hyperparameter optimisation stopped after max_iter={self.max_iter} "
+                          "iterations; increase max_iter for a tighter fit",
+                          ConvergenceWarning, stacklevel=3)
+        if found is not None:
+            suffix = ""
+            if self.restart_ is not None:
+                first, second = self.restart_["bounds"]
+                suffix = (f"; a second search, from lengthscales at the data's scale, "
+                          + (f"reached a lower bound ({second:.6g} against {first:.6g})"
+                             if self.restart_["kept"] == "given" else
+                             f"was kept for its higher bound ({second:.6g} against "
+                             f"{first:.6g}), and is degenerate too"))
+            found.warn(stacklevel=3, suffix=suffix)
         if not info["converged"]:
             warnings.warn(f"{self.method} inference did not converge in inner_max_iter="
                           f"{self.inner_max_iter} iterations; increase it or tol",
@@ -614,6 +635,55 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         elif self.method == "opper-archambeau":
             self._check_oa_optimum(run.hyper, X, t, alpha, lam, float(info["bound"]))
         return self
+
+    def _search(self, X, t, kernel, local_bound, mean, learn_mean):
+        """The hyperparameter search (or none) from `kernel`, with the fitted attributes set at
+        its result: (run, theta, stopped at max_iter, stopped by the callback)."""
+        run = _Run(self, X, t, _Hyperparameters(kernel, local_bound, mean, learn_mean))
+        theta, capped, stopped = (self._optimise(run) if self.optimize_hyperparameters
+                                  else (run.hyper.get(), False, False))
+        self._set_fitted(run, theta)
+        return run, theta, capped, stopped
+
+    def _diagnose(self, X, start):
+        """kernels.diagnose of the fitted kernel_ (a Degeneracy, or None)."""
+        return _kernels.diagnose(self.kernel_, X, start=start, scale=1.0,
+                                 who=type(self).__name__, searched=self.optimize_hyperparameters)
+
+    def _restart(self, X, t, rs, start, local_bound, mean, learn_mean, first, found):
+        """A second search from the data-scaled start (the default kernel's lengthscales and
+        variance in the structure of `start`) after the first ended degenerate (`found`); keeps
+        whichever reaches the higher bound and records both in restart_. Returns (run, theta,
+        capped, start) of the kept search, or None when there is no other start."""
+        scaled = _data_scaled_kernel(start, X, rs, 1.0)
+        if scaled is None or np.allclose(scaled.theta, start.theta, rtol=0, atol=0.1):
+            return None
+        run, theta, capped = first
+        earlier = (self.history_, self.n_iter_, self.n_evaluations_)
+        first_bound = self.bound_
+        first_constant = _kernels.latent_is_constant(self.kernel_, X, 1.0)
+        if self.verbose:
+            print(f"[{type(self).__name__}] the search ended degenerate ({found.kind}); "
+                  f"searching again from {scaled!r}", flush=True)
+        run2, theta2, capped2, _ = self._search(X, t, copy.deepcopy(scaled), local_bound, mean,
+                                                learn_mean)
+        second_bound = self.bound_
+        evaluations = earlier[2] + self.n_evaluations_
+        kept = "data-scaled" if second_bound >= first_bound else "given"
+        self.restart_ = {
+            "reason": found.kind, "start": copy.deepcopy(scaled), "kept": kept,
+            "bounds": (float(first_bound), float(second_bound)),
+            # (a constant latent reached from both starts is the data's verdict: no signal)
+            "both_constant": first_constant and _kernels.latent_is_constant(
+                self.kernel_, X, 1.0)}
+        if kept == "given":
+            self._set_fitted(run, theta)
+            self.history_, self.n_iter_ = earlier[0], earlier[1]
+            result = (run, theta, capped, start)
+        else:
+            result = (run2, theta2, capped2, scaled)
+        self.n_evaluations_ = evaluations
+        return result
 
     def _forget(self):
         """Unfit: a fit that fails leaves no mix of the previous fit and this one."""
@@ -672,9 +742,11 @@ class _VGPEstimator(KernelParams, BaseEstimator):
                 "method='fixed-point'", ConvergenceWarning, stacklevel=4)
 
     def _optimise(self, run):
-        """L-BFGS-B on -bound / N over the hyperparameters; returns the best theta."""
+        """L-BFGS-B on -bound / N over the hyperparameters: (the best theta, whether it stopped
+        at max_iter, whether the callback stopped it)."""
         N = run.X.shape[0]
         history = []
+        stopped = []
 
         def objective(theta):
             info, grads = run.evaluate(theta)
@@ -692,6 +764,7 @@ class _VGPEstimator(KernelParams, BaseEstimator):
                 self._set_fitted(run, intermediate_result.x)  # (it may predict)
                 self.history_, self.n_iter_ = np.array(history), it  # (not the last fit's)
                 if callback_says_stop(self.callback(self, it, bound)):
+                    stopped.append(it)
                     raise StopIteration  # (L-BFGS-B then returns its current point)
 
         res = _threads.minimize(
@@ -700,11 +773,7 @@ class _VGPEstimator(KernelParams, BaseEstimator):
             options={"maxiter": self.max_iter, "ftol": _SEARCH_TOL_FACTOR * self.tol, "gtol": 1e-6})
         self.history_, self.n_iter_ = np.array(history), int(res.nit)
         self.n_evaluations_ = int(res.nfev)
-        if not res.success and res.nit >= self.max_iter:
-            warnings.warn(f"hyperparameter optimisation stopped after max_iter={self.max_iter} "
-                          "iterations; increase max_iter for a tighter fit",
-                          ConvergenceWarning, stacklevel=4)
-        return res.x
+        return res.x, bool(not res.success and res.nit >= self.max_iter), bool(stopped)
 
     def _inference(self, hyper, X, t, alpha, lam):
         """Inference at hyperparameters `hyper` from the warm start (alpha, lam), with the
@@ -735,7 +804,10 @@ class _VGPEstimator(KernelParams, BaseEstimator):
 _COMMON_DOC = """
     kernel : pygpfast.kernels.Kernel, optional
         Prior covariance, shared by the latent functions. Default: RBF with ARD lengthscales
-        from the median-distance heuristic.
+        from the median-distance heuristic. A kernel's hyperparameters are where the search
+        starts; lengthscales far from the distances between the training inputs make a useless
+        model (see Notes), which the fit detects, searches again from the data's scale or warns
+        about.
     bound : {"quadratic", "linear"}
         Piecewise bound on log(1 + e^x) (Marlin, Khan & Murphy 2011) for the logit-based
         likelihoods.
@@ -762,7 +834,8 @@ _COMMON_DOC = """
         Added to the diagonal of K(X, X), relative to its mean diagonal: it keeps the rank-one
         updates of V accurate when K is numerically singular.
     random_state : int, RandomState or None
-        For the default kernel's heuristic.
+        For the default kernel's heuristic (on a subsample of more than 1000 rows), also
+        that of a second search's data-scaled start (see Notes).
     verbose : int or bool, default 0
         Print the bound, the inferences run and the elapsed time every `verbose`
         hyperparameter iterations, or once when the hyperparameters are fixed (0 or False:
@@ -770,20 +843,31 @@ _COMMON_DOC = """
     callback : callable, optional
         ``callback(estimator, iteration, bound) -> bool`` after every hyperparameter iteration;
         True stops the search there. The estimator's fitted attributes hold the current
-        hyperparameters and posterior, so it may call ``predict``.
+        hyperparameters and posterior, so it may call ``predict``. A second search (see
+        ``restart_``) counts its iterations from 1 again; a fit whose search the callback
+        stopped is not searched again.
 """
 
 _COMMON_ATTRIBUTES = """
     bound_ : float
         The lower bound on log p(y) at the fitted q and hyperparameters.
     history_ : ndarray
-        The bound after each hyperparameter iteration, or, when the hyperparameters are fixed,
-        at the inference's start and after each of its iterations (n_iter_ + 1 entries).
+        The bound after each hyperparameter iteration (of the search kept, see ``restart_``),
+        or, when the hyperparameters are fixed, at the inference's start and after each of its
+        iterations (n_iter_ + 1 entries).
     n_iter_ : int
-        Hyperparameter iterations, or the inference's iterations when the hyperparameters are
-        fixed.
+        Hyperparameter iterations (of the search kept), or the inference's iterations when the
+        hyperparameters are fixed.
     n_evaluations_ : int
-        Inferences run (one per evaluation of the bound and its gradient).
+        Inferences run (one per evaluation of the bound and its gradient; both searches').
+    restart_ : dict or None
+        None unless the search from the given kernel ended degenerate and a second one ran
+        from the data-scaled start (see Notes): ``"reason"`` (the degeneracy: "isolated",
+        "unreached" or "constant"), ``"start"`` (the second search's starting kernel),
+        ``"bounds"`` (the bound each search reached, the first's first), ``"kept"``
+        ("given" or "data-scaled": the one with the higher bound, whose results the fitted
+        attributes hold) and ``"both_constant"`` (both ended at a constant latent function:
+        labels without signal, not warned about).
     kernel_ : pygpfast.kernels.Kernel
     mean_ : ndarray [L]
         Constant prior means of the latent functions.
@@ -796,6 +880,25 @@ _COMMON_ATTRIBUTES = """
         explicit (K + diag(lambda_l)^-1)^-1 would cancel, e.g. Poisson sites with large counts).
     inference_info_ : dict
         Counters of the last inference (iterations, flops, residuals of eqs. 7-8, ...).
+
+    Notes
+    -----
+    A kernel whose lengthscales are far from the distances between the training inputs gives
+    a useless model, and the bound's gradients vanish there, so the hyperparameter search
+    cannot leave: lengthscales far below make K(X, X) numerically diagonal (a memoriser,
+    training accuracy 1 and the prior everywhere else), lengthscales far above make it
+    numerically constant (the kernel variance then collapses and every prediction is the
+    same). After the fit, ``kernels.diagnose`` checks for both (a typical training input's
+    largest correlation with another below ``kernels.ISOLATED_CORRELATION``, 1e-3; or a start
+    that varies across the training inputs by less than ``kernels.FLAT_SHARE``, 1e-4, of its
+    variance and a latent function that ends varying by less than ``kernels.FLAT_SPREAD``,
+    1e-2). When it finds one and the hyperparameters are learned, a second search runs from
+    the data-scaled start (the given kernel's structure with the default kernel's lengthscales
+    and variance, drawn with ``random_state``) and the fit keeps whichever reaches the higher
+    bound (``restart_``). A degenerate fit that remains (hyperparameters fixed, no lengthscales
+    to rescale, or the first search kept) is a ``ConvergenceWarning`` that names the cause with
+    its numbers, as is a search that ended at a start on which the prior barely varies (a
+    kernel variance of 1e-8, say).
 """
 
 

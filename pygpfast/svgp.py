@@ -258,6 +258,44 @@ def _default_kernel(X, random_state, variance=1.0):
     return _kernels.RBF(variance=variance, lengthscale=spread * np.sqrt(D))
 
 
+def _diagnosis_sample(X, max_rows=2000):
+    """At most `max_rows` evenly spaced rows of X (float64), read at once (a memory-mapped X is
+    touched only there), for kernels.diagnose."""
+    idx = np.unique(np.linspace(0, X.shape[0] - 1, min(X.shape[0], max_rows)).astype(np.intp))
+    return np.ascontiguousarray(X[idx], dtype=np.float64)
+
+
+def _data_scaled_kernel(kernel, X, random_state, variance=1.0):
+    """A copy of `kernel` started where the default kernel starts (:func:`_default_kernel`):
+    each stationary leaf with the median-distance lengthscales (their geometric mean for an
+    isotropic one) and the variance `variance` (1 for all but the first stationary leaf of a
+    product, whose variances multiply); the other leaves (Linear, Constant, White) as they are.
+    None when `kernel` has no stationary leaf. The start of the estimators' second search after
+    a first one from `kernel` ended degenerate (kernels.diagnose)."""
+    reference = _default_kernel(X, random_state, variance).lengthscale
+    scaled = copy.deepcopy(kernel)
+    found = []
+
+    def assign(k, var):
+        if isinstance(k, _kernels._Stationary):
+            k.lengthscale = (reference if np.ndim(k.lengthscale)
+                             else float(np.exp(np.mean(np.log(reference)))))
+            k.variance = var
+            found.append(k)
+            return True
+        if isinstance(k, _kernels.Product):
+            seen = False
+            for term in k.kernels:
+                seen = assign(term, 1.0 if seen else var) or seen
+            return seen
+        if isinstance(k, _kernels.Sum):
+            return any([assign(term, var) for term in k.kernels])
+        return False
+
+    assign(scaled, variance)
+    return scaled if found else None
+
+
 def _check_auto_or_positive(value, name, upper=None):
     if isinstance(value, str) and value == "auto":
         return
@@ -460,26 +498,100 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         N = X.shape[0]
         optimizer = self._resolve_optimizer(N, streaming=False)
         model, memory = self._init_model(X, t, rs, optimizer)
-        theta0 = model.kernel.theta
+        start, Z0 = copy.deepcopy(model.kernel), model.Z.copy()
+        sample = _diagnosis_sample(X)
         with explain_memory_error(*memory):
             self._set_model(model)
             self.history_ = []
             self._clock = time.perf_counter()
             self._rng, self._trainer, self.n_rows_seen_ = rs, None, N
             self._started_with = self.get_params(deep=False)  # (for partial_fit's later calls)
+            self._callback_stopped = False
+            self.restart_ = None
             # (partial_fit's, as a fit weighs minibatches against N; method='mf''s, set again by
             # _fit_mf: both described an earlier fit)
             for stale in ("n_total_", "mf_a_"):
                 if hasattr(self, stale):
                     delattr(self, stale)
+            # (the fits are called from here, not from a helper: their warnings' stacklevel
+            # counts the frames to the caller of fit)
             if self.method == "mf":
                 self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
             else:
                 self._fit_kl(model, X, t, optimizer)
-        if self.optimize_hyperparameters:
-            _kernels.warn_if_search_stalled(self.kernel_, theta0, X, self._target_scale(),
-                                            type(self).__name__, stacklevel=3)
+            found = self._diagnose(sample, start, self.optimize_hyperparameters)
+            full_batch = self.method == "mf" or optimizer == "lbfgs"
+            if (found is not None and found.restartable and self.optimize_hyperparameters
+                    and full_batch and not self._callback_stopped):
+                restart = self._restart_model(X, t, rs, start, Z0, found)
+                if restart is not None:
+                    first, model, scaled = restart
+                    if self.method == "mf":
+                        self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
+                    else:
+                        self._fit_kl(model, X, t, optimizer)
+                    start = self._keep_better(first, start, scaled, sample, found)
+                    found = self._diagnose(sample, start, True)
+                    if found is not None and self.restart_["both_constant"]:
+                        found = None  # (both starts agree: the data show no signal)
+        if found is not None:
+            suffix = ""
+            if self.restart_ is not None:
+                first, second = self.restart_["elbos"]
+                suffix = (f"; a second search, from lengthscales at the data's scale, "
+                          + (f"reached a lower ELBO ({second:.6g} against {first:.6g})"
+                             if self.restart_["kept"] == "given" else
+                             f"was kept for its higher ELBO ({second:.6g} against "
+                             f"{first:.6g}), and is degenerate too"))
+            elif found.restartable and self.optimize_hyperparameters and not full_batch:
+                suffix = (f"; the full-batch optimizer='lbfgs' would search again from "
+                          f"there, {self.optimizer_!r} does not")
+            found.warn(stacklevel=3, suffix=suffix)
         return self
+
+    def _diagnose(self, sample, start, searched):
+        """kernels.diagnose of the fitted model (a Degeneracy, or None) on `sample`, an evenly
+        spaced subsample of the training inputs."""
+        return _kernels.diagnose(self.model_.kernel, sample, start=start,
+                                 scale=self._target_scale(), who=type(self).__name__,
+                                 searched=searched, Z=self.model_.Z)
+
+    def _restart_model(self, X, t, rs, start, Z0, found):
+        """The model of a second full-batch fit after the first ended degenerate (`found`): the
+        data-scaled start (the default kernel's lengthscales and variance in the structure of
+        `start`), the starting inducing inputs Z0, q(u) and likelihood, set as the fitted model.
+        Returns (the first fit's state, the model, its kernel's start), or None when there is
+        no other start."""
+        scaled = _data_scaled_kernel(start, X, rs, self._target_scale())
+        if scaled is None or np.allclose(scaled.theta, start.theta, rtol=0, atol=0.1):
+            return None
+        first = dict(self._fitted_state())
+        if self.verbose:
+            print(f"[{type(self).__name__}] the search ended degenerate ({found.kind}); "
+                  f"searching again from {scaled!r}", flush=True)
+        model = SVGP(copy.deepcopy(scaled), self._make_likelihood(), Z0, whiten=self.whiten,
+                     jitter=self.jitter, prior_mean=self._prior_mean(t))
+        self._set_model(model)
+        self.history_ = []
+        self._clock = time.perf_counter()
+        return first, model, scaled
+
+    def _keep_better(self, first, start, scaled, sample, found):
+        """After the second fit (from `scaled`): keep it or restore the `first` fit's state,
+        whichever reached the higher ELBO, and record both in restart_. Returns the kept fit's
+        start."""
+        kept = "data-scaled" if self.elbo_ >= first["elbo_"] else "given"
+        elbos = (float(first["elbo_"]), float(self.elbo_))
+        # (a constant latent reached from both starts is the data's verdict: no signal)
+        both_constant = all(_kernels.latent_is_constant(kernel, sample, self._target_scale())
+                            for kernel in (first["model_"].kernel, self.model_.kernel))
+        if kept == "given":
+            for name in self._fitted_state():
+                delattr(self, name)
+            vars(self).update(first)
+        self.restart_ = {"reason": found.kind, "start": copy.deepcopy(scaled), "kept": kept,
+                         "elbos": elbos, "both_constant": both_constant}
+        return scaled if kept == "data-scaled" else start
 
     def _fit_kl(self, model, X, t, optimizer):
         """method='kl' with the (resolved) optimizer: L-BFGS-B or minibatch steps."""
@@ -635,6 +747,8 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                 )
             self._rng = check_random_state(self.random_state)
             self._set_model(self._init_model(X, t, self._rng, optimizer, "partial_fit")[0])
+            start = copy.deepcopy(self.model_.kernel)
+            self.restart_ = None  # (partial_fit does not search again)
             self.history_ = []
             self.n_iter_ = 0
             self.n_rows_seen_ = self.n_steps_ = 0
@@ -655,6 +769,10 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         self.n_iter_ += 1
         self.n_steps_ += steps
         self._report(self.n_iter_, elbo, rows / max(time.perf_counter() - t0, 1e-12))
+        if first:  # (the start, on the first chunk: minibatch steps cannot search again)
+            found = self._diagnose(_diagnosis_sample(X), start, False)
+            if found is not None:
+                found.warn(stacklevel=3, suffix="; partial_fit checks its first chunk only")
         return self
 
     #: What partial_fit reads only when it starts the model (the first call) or the optimiser
@@ -690,7 +808,9 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                 flush=True,
             )
         if self.callback is not None:
-            return callback_says_stop(self.callback(self, it, elbo))
+            stop = callback_says_stop(self.callback(self, it, elbo))
+            self._callback_stopped = stop  # (fit does not search again after a stop)
+            return stop
         return False
 
     def _fit_mf(self, model, X, t):
@@ -740,7 +860,10 @@ _COMMON_DOC = """
     ----------
     kernel : pygpfast.kernels.Kernel, optional
         Prior covariance (shared by all latent functions). Default: RBF with ARD lengthscales
-        from the median-distance heuristic on a subsample of X.
+        from the median-distance heuristic on a subsample of X. A kernel's hyperparameters are
+        where the search starts; lengthscales far from the distances between the training
+        inputs make a useless model (see Notes), which the fit detects, searches again from the
+        data's scale (full-batch fits) or warns about.
     n_inducing : int, default 100
         Number of inducing points M, initialised by k-means on a subsample of max(10 M, 10000) rows.
     inducing_points : array_like [M, D], optional
@@ -791,14 +914,17 @@ _COMMON_DOC = """
         Added to the diagonal of K(Z, Z), relative to its mean diagonal (so that it means the same
         whatever the units of the targets; GPflow's jitter is absolute).
     random_state : int, RandomState or None
-        Seeds the subsample and k-means of the initialisation and the minibatch order.
+        Seeds the subsample and k-means of the initialisation (and of the data-scaled start
+        of a second fit, see Notes) and the minibatch order.
     verbose : int or bool, default 0
         Print the ELBO, rows/s and the elapsed time every `verbose` iterations (0 or False:
         silent; True: every iteration).
     callback : callable, optional
         ``callback(estimator, iteration, elbo) -> bool`` after every iteration (an L-BFGS-B
         iteration, an epoch, or a partial_fit call); True stops the fit. The estimator's
-        fitted attributes hold the current parameters, so it may call ``predict``.
+        fitted attributes hold the current parameters, so it may call ``predict``. A second
+        fit (see ``restart_``) counts its iterations from 1 again; a fit that the callback
+        stopped is not fitted again.
 """
 
 _COMMON_ATTRIBUTES = """
@@ -812,7 +938,15 @@ _COMMON_ATTRIBUTES = """
         minibatch estimates over the last epoch (or partial_fit call), with no extra pass
         over the data.
     history_ : list of float
-        The ELBO after every iteration (as for elbo_).
+        The ELBO after every iteration (as for elbo_; of the fit kept, see ``restart_``).
+    restart_ : dict or None
+        None unless a full-batch fit (optimizer 'lbfgs' or method 'mf') from the given kernel
+        ended degenerate and a second one ran from the data-scaled start (see Notes):
+        ``"reason"`` (the degeneracy: "isolated", "unreached" or "constant"), ``"start"`` (the
+        second fit's starting kernel), ``"elbos"`` (the ELBO each reached, the first's first),
+        ``"kept"`` ("given" or "data-scaled": the one with the higher ELBO, whose results the
+        fitted attributes hold) and ``"both_constant"`` (both ended at a constant latent
+        function: labels without signal, not warned about). None after partial_fit's first call.
     n_iter_ : int
         L-BFGS-B iterations of both stages, epochs, or partial_fit calls.
     n_steps_ : int
@@ -823,6 +957,30 @@ _COMMON_ATTRIBUTES = """
         partial_fit only: the row count the minibatches are weighted against, and the rows
         passed so far.
     n_features_in_ : int
+"""
+
+_NOTES = """
+    Notes
+    -----
+    A kernel whose lengthscales are far from the distances between the training inputs gives
+    a useless model, and the ELBO's gradients vanish there, so the hyperparameter search
+    cannot leave: lengthscales far below make K(X, Z) numerically zero (or, with the inducing
+    inputs at the training inputs, K(X, X) diagonal: a memoriser), lengthscales far above
+    make K(X, X) numerically constant; the kernel variance then collapses to its lower bound
+    and every prediction is the prior's (the class frequencies). After the fit,
+    ``kernels.diagnose`` checks for both on up to 2000 evenly spaced training rows (a typical
+    training input's largest correlation with an inducing input, or with another training
+    input, below ``kernels.ISOLATED_CORRELATION``, 1e-3; or a start that varies across the
+    training inputs by less than ``kernels.FLAT_SHARE``, 1e-4, of its variance and a latent
+    function that ends varying by less than ``kernels.FLAT_SPREAD``, 1e-2, of the latent
+    scale). When it finds one after a full-batch fit (optimizer 'lbfgs', method 'mf') with the
+    hyperparameters learned, a second fit runs from the data-scaled start (the given kernel's
+    structure with the default kernel's lengthscales and variance, drawn with
+    ``random_state``; the same starting inducing inputs) and the estimator keeps whichever
+    reaches the higher ELBO (``restart_``). A degenerate fit that remains (a stochastic
+    optimizer, hyperparameters fixed, no lengthscales to rescale, or the first fit kept) is a
+    ``ConvergenceWarning`` that names the cause with its numbers, as is a search that ended at
+    a start on which the prior barely varies; partial_fit checks its first chunk's model.
 """
 
 
@@ -843,7 +1001,8 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
         + _COMMON_ATTRIBUTES
         + """    mf_a_ : ndarray [N]
         method='mf' only: locations a of the truncated Gaussians q(g_n) (seed 000 eq. 11).
-    """
+"""
+        + _NOTES
     )
 
     def __init__(self, kernel=None, *, likelihood=None, n_inducing=100, inducing_points=None,
@@ -989,7 +1148,8 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         + _COMMON_ATTRIBUTES
         + """    y_mean_, y_scale_ : float
         The standardisation of y (0 and 1 when not normalized).
-    """
+"""
+        + _NOTES
     )
 
     def __init__(self, kernel=None, *, likelihood=None, normalize_y=True, n_inducing=100,
