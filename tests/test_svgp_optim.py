@@ -1,7 +1,8 @@
 """SVGP optimisers: natural-gradient steps against dense closed forms (Titsias' optimum for a
 Gaussian likelihood, the natural-parameter update written out in numpy), their fixed point
-against the ELBO's stationarity, the PD guard, parameter packing against finite differences,
-Adam and Adadelta against their formulas, and the estimators' optimizer choices."""
+against the ELBO's stationarity, the PD guard, the natural-gradient gap of q(u) against
+Titsias' bound, parameter packing against finite differences, Adam and Adadelta against their
+formulas, and the estimators' optimizer choices."""
 
 import pickle
 import warnings
@@ -14,7 +15,7 @@ import scipy.stats
 from sklearn.exceptions import ConvergenceWarning
 
 from pygpfast import kernels, likelihoods
-from pygpfast._svgp_optim import Adadelta, Adam, NaturalGradient, Packer
+from pygpfast._svgp_optim import Adadelta, Adam, NaturalGradient, Packer, natural_gap
 from pygpfast.exceptions import NumericalWarning
 from pygpfast.svgp import SVGP, SVGPClassifier, SVGPRegressor
 from dense import jittered
@@ -139,6 +140,30 @@ def test_natural_gradient_cache_follows_replaced_q(rng):
     natural_step(twin, X, yb, 0.5)
     np.testing.assert_allclose(model.q_mu, twin.q_mu, rtol=1e-12)
     np.testing.assert_allclose(model.q_sqrt, twin.q_sqrt, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_natural_gap_is_the_distance_to_titsias_optimum(rng, whiten):
+    """For a Gaussian likelihood the natural step of size 1 lands on the optimal q, so the gap
+    is the whole distance to Titsias' bound; the model is left as it was."""
+    X, y, Z, kernel = regression_problem(rng, N=200)
+    noise, jitter = 0.05, 1e-8
+    m, Sigma, Lz, bound = titsias(kernel, Z, X, y, noise, jitter)
+    q_mu, q_sqrt = random_q(rng, 9)
+    if not whiten:
+        q_mu, q_sqrt = Lz @ q_mu, Lz @ q_sqrt
+    model = SVGP(kernel, likelihoods.Gaussian(variance=noise), Z, q_mu, q_sqrt, whiten=whiten, jitter=jitter)
+    arrays = model.q_mu, model.q_sqrt
+
+    def passes():  # (blocks of 64 rows: the ELBO and its gradients summed over blocks)
+        return ((X[i : i + 64], y[i : i + 64]) for i in range(0, 200, 64))
+
+    gap, elbo = natural_gap(model, passes, 200)
+    np.testing.assert_allclose(elbo, model.elbo(X, y)[0], rtol=1e-12)
+    np.testing.assert_allclose(gap, (bound - elbo) / 200, rtol=1e-8)
+    assert model.q_mu is arrays[0] and model.q_sqrt is arrays[1]
+    natural_step(model, X, y, 1.0)  # at the optimum: no gain left
+    assert natural_gap(model, passes, 200)[0] < 1e-10
 
 
 @pytest.mark.parametrize("train_q", [True, False])
