@@ -1,5 +1,7 @@
 """Optimisers of the SVGP ELBO: parameter packing, Adam, Adadelta, natural gradients for q(u),
-full-batch L-BFGS-B with the paper's schedule, and the minibatch trainer.
+full-batch L-BFGS-B with the paper's schedule, the minibatch trainer, and the natural-gradient
+gap of q(u) (:func:`natural_gap`) by which the estimators tell a plateau of Adam's ELBO that is
+an optimum from one that is Adam's own.
 
 Everything here maximises the ELBO of a :class:`pygpfast.svgp.SVGP` model in place; the
 estimators in :mod:`pygpfast.svgp` choose among these and report progress.
@@ -42,6 +44,7 @@ __all__ = [
     "StochasticTrainer",
     "column_spread",
     "fit_lbfgs",
+    "natural_gap",
 ]
 
 
@@ -246,16 +249,20 @@ class NaturalGradient:
 
     A step whose new precision is not numerically positive definite (possible only for
     likelihoods that are not log-concave, or through rounding) is retried with half the step
-    size, up to 30 times, with a NumericalWarning the first time; if none succeeds q is left
-    unchanged.
+    size, up to 30 times, with a NumericalWarning the first time (none with ``warn=False``); if
+    none succeeds q is left unchanged.
     """
 
     _MAX_HALVINGS = 30
+    #: Whether the first halving warns (natural_gap's trial steps do not).
+    warn = True
 
-    def __init__(self):
+    def __init__(self, warn=True):
         self._prec = self._shift = None
         self._written = (None, None)
         self.n_halved = 0
+        if not warn:
+            self.warn = False
 
     def _cache(self, model, M, L):
         if self._written[0] is model.q_mu and self._written[1] is model.q_sqrt:
@@ -325,7 +332,8 @@ class NaturalGradient:
                 R = None
             if r < rho:
                 self.n_halved += 1
-                if self.n_halved == 1:  # (it may recur at every step: n_halved counts them)
+                # (it may recur at every step: n_halved counts them)
+                if self.n_halved == 1 and self.warn:
                     warn_at_caller(
                         f"natural-gradient step: the new precision of q(u) was not positive "
                         f"definite at step size {rho:.3g}; "
@@ -366,6 +374,10 @@ class StochasticTrainer:
         share B / n_total of the data (natgrad only).
     train_Z, train_hyper : bool
 
+    :meth:`reduce_step` scales Adam's or Adadelta's step size (the estimators' fit does so at a
+    plateau of the ELBO with q(u) far from its optimum); the scale is part of the state that
+    later :meth:`run` calls continue.
+
     With natural gradients, Adam's step size on Z and the hyperparameters decays as
     learning_rate / sqrt(1 + t / HYPER_DECAY_STEPS): once q(u) is near its optimum (which
     natural gradients reach within an epoch) the remaining error is the minibatch noise of
@@ -379,6 +391,8 @@ class StochasticTrainer:
     HYPER_DECAY_STEPS = 100
     #: Halvings of a Poisson natural step before q(u) is left unchanged (_checked_natural_step).
     _MAX_HALVINGS = 30
+    #: The factor by which :meth:`reduce_step` has scaled Adam's or Adadelta's step size.
+    step_scale = 1.0
 
     def __init__(self, model, *, optimizer, learning_rate, natgrad_step=None, train_Z=True,
                  train_hyper=True):
@@ -392,6 +406,12 @@ class StochasticTrainer:
         self.natgrad = NaturalGradient() if self.natural else None
         self.natgrad_step = natgrad_step
         self.t = 0
+
+    def reduce_step(self, factor):
+        """Scale Adam's or Adadelta's step size by ``factor`` for the rest of the run (the
+        estimators' reduction on a plateau of the ELBO; not used with natural gradients)."""
+        self.opt.lr *= factor
+        self.step_scale *= factor
 
     def run(self, batches, n_steps, n_total):
         """Take ``n_steps`` steps on minibatches drawn from the iterator ``batches``, each
@@ -438,6 +458,63 @@ class StochasticTrainer:
                 return
             natgrad.restore(model, before)
             rho *= 0.5
+
+
+def natural_gap(model, passes, n_total, max_halvings=3):
+    """A lower bound on how far q(u) is from its optimum at the model's Z and hyperparameters:
+    the gain in the ELBO per row of one natural-gradient step on q over the full data, of size
+    1 (Newton's step on the expected log-likelihood: for a Gaussian likelihood it lands on the
+    optimal q, so the gain is the whole gap) or, when that lowers the ELBO, 1/2, 1/4, ... up to
+    ``max_halvings`` times (0 when none raises it).
+
+    The model is left as it was. Costs two passes over the data (one with gradients), plus one
+    per halving.
+
+    Parameters
+    ----------
+    model : pygpfast.svgp.SVGP
+    passes : callable
+        ``passes()`` -> an iterator of ``(X_block, t_block)`` that covers the data once (float64
+        C-contiguous blocks).
+    n_total : int
+        Rows in the data.
+
+    Returns
+    -------
+    gap : float
+        The gain per row (>= 0).
+    elbo : float
+        The full-data ELBO at the model's q.
+    """
+    def full_elbo(with_grad):
+        # Each block's ELBO estimates the whole (scale N / n), weighted n / N: the KL comes out once.
+        value, d_m, d_S = 0.0, 0.0, 0.0
+        for X_b, t_b in passes():
+            w = X_b.shape[0] / n_total
+            v, g = model.elbo(X_b, t_b, scale=1.0 / w, with_grad=with_grad, natural=True)
+            value += w * v
+            if with_grad:
+                d_m = d_m + w * g["d_ell_m"]
+                d_S = d_S + w * g["d_ell_S"]
+        return value, d_m, d_S
+
+    value, d_m, d_S = full_elbo(True)
+    prior = None if model.whiten else model.prior_precision()
+    natgrad = NaturalGradient(warn=False)
+    before = natgrad.snapshot(model)
+    rho, gap = 1.0, 0.0
+    try:
+        for _ in range(max_halvings + 1):
+            natgrad.step(model, d_m, d_S, rho, prior)
+            new_value = full_elbo(False)[0]
+            natgrad.restore(model, before)
+            if np.isfinite(new_value) and new_value > value:
+                gap = (new_value - value) / n_total
+                break
+            rho *= 0.5
+    finally:
+        natgrad.restore(model, before)
+    return gap, value
 
 
 class _Stop(Exception):

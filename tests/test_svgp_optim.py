@@ -1,7 +1,9 @@
 """SVGP optimisers: natural-gradient steps against dense closed forms (Titsias' optimum for a
 Gaussian likelihood, the natural-parameter update written out in numpy), their fixed point
-against the ELBO's stationarity, the PD guard, parameter packing against finite differences,
-Adam and Adadelta against their formulas, and the estimators' optimizer choices."""
+against the ELBO's stationarity, the PD guard, the natural-gradient gap of q(u) against
+Titsias' bound, parameter packing against finite differences, Adam and Adadelta against their
+formulas, the estimators' optimizer choices, and Adam's plateaus (step reductions, the
+warning when q(u) stays far from its optimum, healthy fits left as they were)."""
 
 import pickle
 import warnings
@@ -14,7 +16,7 @@ import scipy.stats
 from sklearn.exceptions import ConvergenceWarning
 
 from pygpfast import kernels, likelihoods
-from pygpfast._svgp_optim import Adadelta, Adam, NaturalGradient, Packer
+from pygpfast._svgp_optim import Adadelta, Adam, NaturalGradient, Packer, natural_gap
 from pygpfast.exceptions import NumericalWarning
 from pygpfast.svgp import SVGP, SVGPClassifier, SVGPRegressor
 from dense import jittered
@@ -139,6 +141,30 @@ def test_natural_gradient_cache_follows_replaced_q(rng):
     natural_step(twin, X, yb, 0.5)
     np.testing.assert_allclose(model.q_mu, twin.q_mu, rtol=1e-12)
     np.testing.assert_allclose(model.q_sqrt, twin.q_sqrt, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_natural_gap_is_the_distance_to_titsias_optimum(rng, whiten):
+    """For a Gaussian likelihood the natural step of size 1 lands on the optimal q, so the gap
+    is the whole distance to Titsias' bound; the model is left as it was."""
+    X, y, Z, kernel = regression_problem(rng, N=200)
+    noise, jitter = 0.05, 1e-8
+    m, Sigma, Lz, bound = titsias(kernel, Z, X, y, noise, jitter)
+    q_mu, q_sqrt = random_q(rng, 9)
+    if not whiten:
+        q_mu, q_sqrt = Lz @ q_mu, Lz @ q_sqrt
+    model = SVGP(kernel, likelihoods.Gaussian(variance=noise), Z, q_mu, q_sqrt, whiten=whiten, jitter=jitter)
+    arrays = model.q_mu, model.q_sqrt
+
+    def passes():  # (blocks of 64 rows: the ELBO and its gradients summed over blocks)
+        return ((X[i : i + 64], y[i : i + 64]) for i in range(0, 200, 64))
+
+    gap, elbo = natural_gap(model, passes, 200)
+    np.testing.assert_allclose(elbo, model.elbo(X, y)[0], rtol=1e-12)
+    np.testing.assert_allclose(gap, (bound - elbo) / 200, rtol=1e-8)
+    assert model.q_mu is arrays[0] and model.q_sqrt is arrays[1]
+    natural_step(model, X, y, 1.0)  # at the optimum: no gain left
+    assert natural_gap(model, passes, 200)[0] < 1e-10
 
 
 @pytest.mark.parametrize("train_q", [True, False])
@@ -298,3 +324,65 @@ def test_poisson_large_counts_reach_the_poisson_noise(optimizer):
         warnings.simplefilter("ignore", ConvergenceWarning)
         frozen.fit(X, y)
     assert frozen.model_.prior_mean[0] == np.log(np.mean(y))  # learned with the hyperparameters only
+
+
+# ---------------------------------------------------------------- Adam's plateaus
+def full_elbo_per_row(reg, X, y):
+    t = reg._encode_targets(y, first_call=False)
+    return reg.model_.elbo(np.ascontiguousarray(X), t)[0] / len(y)
+
+
+def test_adam_on_a_sharp_poisson_posterior_warns_and_names_natgrad():
+    # Counts of ~6e4: q(u)'s posterior is so sharp (curvature exp(f) ~ 6e4 per row) that
+    # Adam's steps, about learning_rate in every parameter, crawl and jitter: it stalled
+    # after 219 epochs at an ELBO of -12.8 per row (natural gradients: -8.6) and reported
+    # itself converged. Reducing its step (twice, by 5) does not rescue it here, and the fit
+    # says so.
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (2000, 2))
+    y = rng.poisson(6e4 * np.exp(0.5 * np.sin(X[:, 0])))
+    kw = dict(likelihood=likelihoods.Poisson(), n_inducing=20, batch_size=256, max_iter=300, random_state=0)
+    with pytest.warns(ConvergenceWarning, match=r"q\(u\) far from its optimum.*optimizer='natgrad'"):
+        adam = SVGPRegressor(optimizer="adam", **kw).fit(X, y)
+    assert adam.n_iter_ < 300 and adam._trainer.step_scale == pytest.approx(0.04)
+    natgrad = SVGPRegressor(optimizer="natgrad", **kw).fit(X, y)  # (no warning)
+    assert full_elbo_per_row(natgrad, X, y) > full_elbo_per_row(adam, X, y) + 1.0
+
+
+def test_adam_reduces_its_step_on_a_plateau_to_reach_natgrad():
+    # Gaussian regression with noise 0.1 on 5000 rows: Adam at 0.01 stalled with q(u) 3% (of
+    # the ELBO per row) short of its optimum, 0.017 per row below natural gradients; one
+    # reduction of the step to 0.002 closes the gap.
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (5000, 2))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(5000)
+    kw = dict(n_inducing=30, batch_size=256, max_iter=300, random_state=0)
+    adam = SVGPRegressor(optimizer="adam", **kw).fit(X, y)
+    natgrad = SVGPRegressor(optimizer="natgrad", **kw).fit(X, y)
+    assert full_elbo_per_row(adam, X, y) > full_elbo_per_row(natgrad, X, y) - 0.005
+    assert adam._trainer.step_scale == pytest.approx(0.2)
+    # The optimiser's state, reduced step included, is pickled; partial_fit goes on with it
+    # and never reduces the step itself.
+    twin = pickle.loads(pickle.dumps(adam))
+    assert twin._trainer.opt.lr == pytest.approx(0.002)
+    for est in (adam, twin):
+        for _ in range(3):
+            est.partial_fit(X[:1000], y[:1000], n_total=5000)
+    np.testing.assert_array_equal(twin.predict(X[:50]), adam.predict(X[:50]))
+    assert twin._trainer.step_scale == adam._trainer.step_scale == pytest.approx(0.2)
+
+
+def test_adam_plateau_check_leaves_healthy_fits_as_they_were(monkeypatch):
+    """A fit whose q(u) is near its optimum at the first plateau stops there, as before the
+    check: the same epochs, ELBOs and parameters as with the check switched off."""
+    from sklearn.datasets import make_moons
+
+    X, y = make_moons(1000, noise=0.2, random_state=1)
+    kw = dict(n_inducing=16, optimizer="adam", batch_size=100, max_iter=150, random_state=0)
+    clf = SVGPClassifier(**kw).fit(X, y)
+    assert clf._trainer.step_scale == 1.0 and clf.n_iter_ < 150
+    monkeypatch.setattr(SVGPClassifier, "_Q_GAP_TOL", np.inf)
+    plain = SVGPClassifier(**kw).fit(X, y)
+    assert plain.history_ == clf.history_
+    np.testing.assert_array_equal(plain.model_.q_sqrt, clf.model_.q_sqrt)
+    np.testing.assert_array_equal(plain.predict_proba(X), clf.predict_proba(X))
