@@ -56,7 +56,7 @@ from ._memory import check_fits, explain_memory_error
 from ._validation import KernelParams, array_of_matrix, callback_says_stop, check_int
 from .exceptions import LinAlgError
 from .piecewise import llp_bound
-from .svgp import _data_scaled_kernel, _default_kernel
+from .svgp import _default_kernel, _second_start
 
 __all__ = ["LocalBound", "InferenceResult", "infer", "oa_objective", "VGPClassifier",
            "VGPPoissonRegressor"]
@@ -655,8 +655,8 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         variance in the structure of `start`) after the first ended degenerate (`found`); keeps
         whichever reaches the higher bound and records both in restart_. Returns (run, theta,
         capped, start) of the kept search, or None when there is no other start."""
-        scaled = _data_scaled_kernel(start, X, rs, 1.0)
-        if scaled is None or np.allclose(scaled.theta, start.theta, rtol=0, atol=0.1):
+        scaled = _second_start(start, X, rs, 1.0)
+        if scaled is None:
             return None
         run, theta, capped = first
         earlier = (self.history_, self.n_iter_, self.n_evaluations_)
@@ -894,8 +894,9 @@ _COMMON_ATTRIBUTES = """
     variance and a latent function that ends varying by less than ``kernels.FLAT_SPREAD``,
     1e-2). When it finds one and the hyperparameters are learned, a second search runs from
     the data-scaled start (the given kernel's structure with the default kernel's lengthscales
-    and variance, drawn with ``random_state``) and the fit keeps whichever reaches the higher
-    bound (``restart_``). A degenerate fit that remains (hyperparameters fixed, no lengthscales
+    and variance, drawn with ``random_state``; where that is the first start itself, as with
+    ``kernel=None``, the same with lengthscales e^2 longer) and the fit keeps whichever reaches
+    the higher bound (``restart_``). A degenerate fit that remains (hyperparameters fixed, no lengthscales
     to rescale, or the first search kept) is a ``ConvergenceWarning`` that names the cause with
     its numbers, as is a search that ended at a start on which the prior barely varies (a
     kernel variance of 1e-8, say).

@@ -265,14 +265,14 @@ def _diagnosis_sample(X, max_rows=2000):
     return np.ascontiguousarray(X[idx], dtype=np.float64)
 
 
-def _data_scaled_kernel(kernel, X, random_state, variance=1.0):
+def _data_scaled_kernel(kernel, X, random_state, variance=1.0, stretch=1.0):
     """A copy of `kernel` started where the default kernel starts (:func:`_default_kernel`):
     each stationary leaf with the median-distance lengthscales (their geometric mean for an
     isotropic one) and the variance `variance` (1 for all but the first stationary leaf of a
     product, whose variances multiply); the other leaves (Linear, Constant, White) as they are.
     None when `kernel` has no stationary leaf. The start of the estimators' second search after
     a first one from `kernel` ended degenerate (kernels.diagnose)."""
-    reference = _default_kernel(X, random_state, variance).lengthscale
+    reference = stretch * _default_kernel(X, random_state, variance).lengthscale
     scaled = copy.deepcopy(kernel)
     found = []
 
@@ -294,6 +294,23 @@ def _data_scaled_kernel(kernel, X, random_state, variance=1.0):
 
     assign(scaled, variance)
     return scaled if found else None
+
+
+def _second_start(start, X, random_state, variance=1.0):
+    """The start of the estimators' second search after the first, from `start`, ended
+    degenerate: the data-scaled kernel (:func:`_data_scaled_kernel`), or, where that is
+    `start` itself (kernel=None), the same with lengthscales e^2 longer: a smoother prior, from
+    which the search reaches short lengthscales from above. (From the median-distance start,
+    L-BFGS-B's first steps can land in a memorising optimum at the short end: Poisson counts
+    around e^5 on 50 rows, where starts at a quarter to ten times that lengthscale all find
+    the smooth optimum.) None when `start` has no stationary leaf or no other start exists.
+    Draws from `random_state` as one call of _data_scaled_kernel does."""
+    probe = _data_scaled_kernel(start, X, copy.deepcopy(random_state), variance)
+    if probe is None:
+        return None
+    same = np.allclose(probe.theta, start.theta, rtol=0, atol=0.1)
+    scaled = _data_scaled_kernel(start, X, random_state, variance, np.exp(2.0) if same else 1.0)
+    return None if np.allclose(scaled.theta, start.theta, rtol=0, atol=0.1) else scaled
 
 
 def _check_auto_or_positive(value, name, upper=None):
@@ -569,8 +586,8 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         `start`), the starting inducing inputs Z0, q(u) and likelihood, set as the fitted model.
         Returns (the first fit's state, the model, its kernel's start), or None when there is
         no other start."""
-        scaled = _data_scaled_kernel(start, X, rs, self._target_scale())
-        if scaled is None or np.allclose(scaled.theta, start.theta, rtol=0, atol=0.1):
+        scaled = _second_start(start, X, rs, self._target_scale())
+        if scaled is None:
             return None
         first = dict(self._fitted_state())
         if self.verbose:
@@ -1058,7 +1075,8 @@ _NOTES = """
     scale). When it finds one after a full-batch fit (optimizer 'lbfgs', method 'mf') with the
     hyperparameters learned, a second fit runs from the data-scaled start (the given kernel's
     structure with the default kernel's lengthscales and variance, drawn with
-    ``random_state``; the same starting inducing inputs) and the estimator keeps whichever
+    ``random_state``, with lengthscales e^2 longer where that is the first start itself, as
+    with ``kernel=None``; the same starting inducing inputs) and the estimator keeps whichever
     reaches the higher ELBO (``restart_``). A degenerate fit that remains (a stochastic
     optimizer, hyperparameters fixed, no lengthscales to rescale, or the first fit kept) is a
     ``ConvergenceWarning`` that names the cause with its numbers, as is a search that ended at

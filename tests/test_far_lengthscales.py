@@ -141,14 +141,41 @@ def test_a_callback_that_stops_the_search_is_not_searched_again(Estimator):
     assert est.restart_ is None and est.n_iter_ == 1
 
 
-def test_a_memoriser_the_search_moved_to_is_a_convergence_warning():
-    # Counts around e^5 from the default kernel: a far first trial point of L-BFGS-B leaves the
-    # search at a lengthscale of 1e-5 in the first feature, the bound at -304 where RBF(
-    # lengthscale=[0.3, 3]) reaches -223, the log rate at new points uncorrelated with the
-    # truth (0.04 against 0.99). (The start is the data-scaled one: nothing to search again.)
-    rng = np.random.default_rng(3)
-    X = rng.standard_normal((50, 2))
+def _memoriser_data(seed, n=50):
+    # Counts around e^5: from the default kernel's median-distance start, L-BFGS-B's first
+    # steps leave the search at a lengthscale of 1e-5 in the first feature (seeds 0 and 3): the
+    # bound at -304 where starts at 0.5 to 20 reach -223, the log rate at new points
+    # uncorrelated with the truth.
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 2))
     y = rng.poisson(np.exp(5.0 + np.sin(3.0 * X[:, 0])))
+    Xnew = rng.standard_normal((500, 2))
+    return X, y, Xnew, 5.0 + np.sin(3.0 * Xnew[:, 0])
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_memoriser_reached_from_the_default_start_is_searched_again_from_a_smoother_one(seed):
+    # The default kernel's start is the data-scaled one, so the second search starts from the
+    # same structure with lengthscales e^2 longer.
+    X, y, Xnew, truth = _memoriser_data(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = VGPPoissonRegressor(random_state=0).fit(X, y)
+    assert est.restart_["reason"] == "isolated" and est.restart_["kept"] == "data-scaled"
+    first, second = est.restart_["bounds"]
+    assert first < -300 and second > -230
+    default = VGPPoissonRegressor(optimize_hyperparameters=False, random_state=0).fit(X, y)
+    np.testing.assert_allclose(est.restart_["start"].lengthscale,
+                               np.exp(2.0) * default.kernel_.lengthscale, rtol=1e-12)
+    assert np.corrcoef(np.log(est.predict(Xnew)), truth)[0, 1] > 0.95
+
+
+def test_a_memoriser_the_search_moved_to_is_a_convergence_warning(monkeypatch):
+    # Where there is no second start, the memoriser is named.
+    import pygpfast.cvi
+
+    monkeypatch.setattr(pygpfast.cvi, "_second_start", lambda *args: None)
+    X, y, _, _ = _memoriser_data(3)
     with pytest.warns(ConvergenceWarning, match=r"numerically diagonal.*The search moved there "
                                                 r"from a start that correlates the inputs"):
         est = VGPPoissonRegressor(random_state=0).fit(X, y)
