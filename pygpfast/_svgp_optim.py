@@ -254,15 +254,12 @@ class NaturalGradient:
     """
 
     _MAX_HALVINGS = 30
-    #: Whether the first halving warns (natural_gap's trial steps do not).
-    warn = True
 
     def __init__(self, warn=True):
         self._prec = self._shift = None
         self._written = (None, None)
         self.n_halved = 0
-        if not warn:
-            self.warn = False
+        self.warn = warn  # (whether the first halving warns; natural_gap's trial steps do not)
 
     def _cache(self, model, M, L):
         if self._written[0] is model.q_mu and self._written[1] is model.q_sqrt:

@@ -56,7 +56,7 @@ from ._memory import check_fits, explain_memory_error
 from ._validation import KernelParams, array_of_matrix, callback_says_stop, check_int
 from .exceptions import LinAlgError
 from .piecewise import llp_bound
-from .svgp import _default_kernel, _second_start
+from .svgp import _default_kernel, _second_search_clause, _second_start
 
 __all__ = ["LocalBound", "InferenceResult", "infer", "oa_objective", "VGPClassifier",
            "VGPPoissonRegressor"]
@@ -621,12 +621,8 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         if found is not None:
             suffix = ""
             if self.restart_ is not None:
-                first, second = self.restart_["bounds"]
-                suffix = (f"; a second search, from lengthscales at the data's scale, "
-                          + (f"reached a lower bound ({second:.6g} against {first:.6g})"
-                             if self.restart_["kept"] == "given" else
-                             f"was kept for its higher bound ({second:.6g} against "
-                             f"{first:.6g}), and is degenerate too"))
+                suffix = _second_search_clause(self.restart_["kept"], *self.restart_["bounds"],
+                                               "bound")
             found.warn(stacklevel=3, suffix=suffix)
         if not info["converged"]:
             warnings.warn(f"{self.method} inference did not converge in inner_max_iter="

@@ -261,18 +261,17 @@ def _default_kernel(X, random_state, variance=1.0):
 def _diagnosis_sample(X, max_rows=2000):
     """At most `max_rows` evenly spaced rows of X (float64), read at once (a memory-mapped X is
     touched only there), for kernels.diagnose."""
-    idx = np.unique(np.linspace(0, X.shape[0] - 1, min(X.shape[0], max_rows)).astype(np.intp))
-    return np.ascontiguousarray(X[idx], dtype=np.float64)
+    return np.ascontiguousarray(X[_kernels._query_rows(X.shape[0], max_rows)], dtype=np.float64)
 
 
-def _data_scaled_kernel(kernel, X, random_state, variance=1.0, stretch=1.0):
+def _data_scaled_kernel(kernel, X, random_state, variance=1.0):
     """A copy of `kernel` started where the default kernel starts (:func:`_default_kernel`):
     each stationary leaf with the median-distance lengthscales (their geometric mean for an
     isotropic one) and the variance `variance` (1 for all but the first stationary leaf of a
     product, whose variances multiply); the other leaves (Linear, Constant, White) as they are.
     None when `kernel` has no stationary leaf. The start of the estimators' second search after
     a first one from `kernel` ended degenerate (kernels.diagnose)."""
-    reference = stretch * _default_kernel(X, random_state, variance).lengthscale
+    reference = _default_kernel(X, random_state, variance).lengthscale
     scaled = copy.deepcopy(kernel)
     found = []
 
@@ -303,14 +302,23 @@ def _second_start(start, X, random_state, variance=1.0):
     which the search reaches short lengthscales from above. (From the median-distance start,
     L-BFGS-B's first steps can land in a memorising optimum at the short end: Poisson counts
     around e^5 on 50 rows, where starts at a quarter to ten times that lengthscale all find
-    the smooth optimum.) None when `start` has no stationary leaf or no other start exists.
-    Draws from `random_state` as one call of _data_scaled_kernel does."""
-    probe = _data_scaled_kernel(start, X, copy.deepcopy(random_state), variance)
-    if probe is None:
-        return None
-    same = np.allclose(probe.theta, start.theta, rtol=0, atol=0.1)
-    scaled = _data_scaled_kernel(start, X, random_state, variance, np.exp(2.0) if same else 1.0)
-    return None if np.allclose(scaled.theta, start.theta, rtol=0, atol=0.1) else scaled
+    the smooth optimum.) None when `start` has no stationary leaf."""
+    scaled = _data_scaled_kernel(start, X, random_state, variance)
+    if scaled is not None and np.allclose(scaled.theta, start.theta, rtol=0, atol=0.1):
+        for leaf in _kernels._leaves(scaled):
+            if isinstance(leaf, _kernels._Stationary):
+                leaf.lengthscale = np.exp(2.0) * leaf.lengthscale
+    return scaled
+
+
+def _second_search_clause(kept, first, second, objective):
+    """What a degenerate fit's warning adds after a second search (restart_): `kept` is
+    restart_["kept"], `first` and `second` the two searches' `objective` ("bound", "ELBO")."""
+    return ("; a second search, from lengthscales set by the data's scale, "
+            + (f"reached a lower {objective} ({second:.6g} against {first:.6g})"
+               if kept == "given" else
+               f"was kept for its higher {objective} ({second:.6g} against {first:.6g}), and "
+               f"is degenerate too"))
 
 
 def _check_auto_or_positive(value, name, upper=None):
@@ -561,12 +569,8 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         if found is not None:
             suffix = ""
             if self.restart_ is not None:
-                first, second = self.restart_["elbos"]
-                suffix = (f"; a second search, from lengthscales at the data's scale, "
-                          + (f"reached a lower ELBO ({second:.6g} against {first:.6g})"
-                             if self.restart_["kept"] == "given" else
-                             f"was kept for its higher ELBO ({second:.6g} against "
-                             f"{first:.6g}), and is degenerate too"))
+                suffix = _second_search_clause(self.restart_["kept"], *self.restart_["elbos"],
+                                               "ELBO")
             elif found.restartable and self.optimize_hyperparameters and not full_batch:
                 suffix = (f"; the full-batch optimizer='lbfgs' would search again from "
                           f"there, {self.optimizer_!r} does not")

@@ -53,15 +53,22 @@ def natural_step(model, X, y, rho, scale=1.0, ng=None):
     return g
 
 
-@pytest.mark.parametrize("whiten", [True, False])
-def test_gaussian_natural_step_of_one_is_the_optimum(rng, whiten):
-    X, y, Z, kernel = regression_problem(rng)
+def gaussian_model_at_random_q(rng, whiten, **problem):
+    """(X, y, a Gaussian-likelihood SVGP at a random q, and Titsias' optimum m, Sigma, Lz,
+    bound for it)."""
+    X, y, Z, kernel = regression_problem(rng, **problem)
     noise, jitter = 0.05, 1e-8
     m, Sigma, Lz, bound = titsias(kernel, Z, X, y, noise, jitter)
     q_mu, q_sqrt = random_q(rng, 9)
     if not whiten:
         q_mu, q_sqrt = Lz @ q_mu, Lz @ q_sqrt
     model = SVGP(kernel, likelihoods.Gaussian(variance=noise), Z, q_mu, q_sqrt, whiten=whiten, jitter=jitter)
+    return X, y, model, (m, Sigma, Lz, bound)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_gaussian_natural_step_of_one_is_the_optimum(rng, whiten):
+    X, y, model, (m, Sigma, Lz, bound) = gaussian_model_at_random_q(rng, whiten)
     natural_step(model, X, y, 1.0)
     S = model.q_sqrt @ model.q_sqrt.T
     if whiten:
@@ -147,13 +154,7 @@ def test_natural_gradient_cache_follows_replaced_q(rng):
 def test_natural_gap_is_the_distance_to_titsias_optimum(rng, whiten):
     """For a Gaussian likelihood the natural step of size 1 lands on the optimal q, so the gap
     is the whole distance to Titsias' bound; the model is left as it was."""
-    X, y, Z, kernel = regression_problem(rng, N=200)
-    noise, jitter = 0.05, 1e-8
-    m, Sigma, Lz, bound = titsias(kernel, Z, X, y, noise, jitter)
-    q_mu, q_sqrt = random_q(rng, 9)
-    if not whiten:
-        q_mu, q_sqrt = Lz @ q_mu, Lz @ q_sqrt
-    model = SVGP(kernel, likelihoods.Gaussian(variance=noise), Z, q_mu, q_sqrt, whiten=whiten, jitter=jitter)
+    X, y, model, (_, _, _, bound) = gaussian_model_at_random_q(rng, whiten, N=200)
     arrays = model.q_mu, model.q_sqrt
 
     def passes():  # (blocks of 64 rows: the ELBO and its gradients summed over blocks)
