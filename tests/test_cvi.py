@@ -82,6 +82,25 @@ def test_hyperparameter_learning_raises_the_bound_and_pickles(ionosphere):
     assert np.array_equal(copy.predict_proba(Xte), clf.predict_proba(Xte))
 
 
+def test_pickle_leaves_out_the_predictive_factor(rng):
+    # The [L, N, N] factor would make the pickle O(L N^2): it is recomputed at the first
+    # prediction after loading, to the same bits.
+    X = rng.standard_normal((300, 2))
+    y = np.argmax(X @ rng.standard_normal((2, 3)) + 0.5 * rng.standard_normal((300, 3)), axis=1)
+    clf = VGPClassifier("multinomial", kernel=RBF(variance=2.0, lengthscale=1.0),
+                        optimize_hyperparameters=False).fit(X, y)
+    factor_bytes = clf.predictive_factor_.nbytes
+    assert factor_bytes == 3 * 300 * 300 * 8
+    blob = pickle.dumps(clf)
+    assert len(blob) < factor_bytes / 10
+    assert clf.predictive_factor_ is not None  # (pickling does not drop the original's)
+    copy = pickle.loads(blob)
+    assert copy.predictive_factor_ is None
+    Xte = rng.standard_normal((40, 2))
+    assert np.array_equal(copy.predict_proba(Xte), clf.predict_proba(Xte))
+    assert np.array_equal(copy.predictive_factor_, clf.predictive_factor_)
+
+
 def test_default_search_tolerance_reaches_the_tight_optimum(rng):
     # The search stops at 100 tol (default tol = 1e-8): the bound and the predictions must be
     # those of a search run to 1e-12.
