@@ -457,15 +457,21 @@ class StochasticTrainer:
             rho *= 0.5
 
 
-def natural_gap(model, passes, n_total, max_halvings=3):
+def natural_gap(model, passes, n_total, max_halvings=3, min_step=1e-9):
     """A lower bound on how far q(u) is from its optimum at the model's Z and hyperparameters:
     the gain in the ELBO per row of one natural-gradient step on q over the full data, of size
     1 (Newton's step on the expected log-likelihood: for a Gaussian likelihood it lands on the
     optimal q, so the gain is the whole gap) or, when that lowers the ELBO, 1/2, 1/4, ... up to
-    ``max_halvings`` times (0 when none raises it).
+    ``max_halvings`` times, then steps 8 times smaller down to ``min_step``: the first that
+    raises the ELBO gives the gain.
+
+    Where no step raises it: 0 when the whole step of size 1 changed the ELBO by rounding only
+    (the natural gradient vanishes: q at its optimum), else inf (the gap is unknown: q sits where the
+    ELBO is so sharply curved, or overflows, that even a step of ``min_step`` overshoots; large
+    Poisson counts from a q far from the data do this).
 
     The model is left as it was. Costs two passes over the data (one with gradients), plus one
-    per halving.
+    per smaller step tried (at most ``max_halvings`` + 10).
 
     Parameters
     ----------
@@ -479,7 +485,7 @@ def natural_gap(model, passes, n_total, max_halvings=3):
     Returns
     -------
     gap : float
-        The gain per row (>= 0).
+        The gain per row (>= 0; inf when not measurable).
     elbo : float
         The full-data ELBO at the model's q.
     """
@@ -499,19 +505,24 @@ def natural_gap(model, passes, n_total, max_halvings=3):
     prior = None if model.whiten else model.prior_precision()
     natgrad = NaturalGradient(warn=False)
     before = natgrad.snapshot(model)
-    rho, gap = 1.0, 0.0
+    steps = [0.5**k for k in range(max_halvings + 1)]
+    while steps[-1] / 8.0 >= min_step:
+        steps.append(steps[-1] / 8.0)
+    negligible = 1e-9 * max(n_total, abs(value))
     try:
-        for _ in range(max_halvings + 1):
+        for rho in steps:
             natgrad.step(model, d_m, d_S, rho, prior)
+            whole = natgrad.n_halved == 0  # (step() halves a step whose precision is not PD)
             new_value = full_elbo(False)[0]
             natgrad.restore(model, before)
+            natgrad.n_halved = 0
             if np.isfinite(new_value) and new_value > value:
-                gap = (new_value - value) / n_total
-                break
-            rho *= 0.5
+                return (new_value - value) / n_total, value
+            if rho == 1.0 and whole and abs(new_value - value) <= negligible:
+                return 0.0, value
+        return np.inf, value
     finally:
         natgrad.restore(model, before)
-    return gap, value
 
 
 class _Stop(Exception):

@@ -649,12 +649,15 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
             unit = "epochs"
             if stopped == "q_gap":
                 (gap, scale), opt = gap, self.optimizer_
+                measured = (f"one natural-gradient step on q(u) would still raise it by {gap:.3g} "
+                            f"per row ({gap / scale:.1%} of its size)" if np.isfinite(gap) else
+                            "every natural-gradient step on q(u), down to size 1e-9, overshoots "
+                            "(the gap cannot be measured)")
                 warnings.warn(
                     f"SVGP ({opt}) stopped after {self.n_iter_} epochs with q(u) far from its "
                     f"optimum: the ELBO stalled at step size learning_rate * "
                     f"{self._trainer.step_scale:.3g} (reduced {self._MAX_STEP_REDUCTIONS} times), "
-                    f"and one natural-gradient step on q(u) would still raise it by {gap:.3g} per "
-                    f"row ({gap / scale:.1%} of its size). {opt.capitalize()}'s steps are about "
+                    f"and {measured}. {opt.capitalize()}'s steps are about "
                     "the step size in every parameter whatever the curvature of the ELBO, and "
                     "crawl or jitter where q(u) is sharply peaked (large counts, a small noise "
                     "variance, many rows per inducing point); use optimizer='natgrad', which "
@@ -714,8 +717,9 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
             reductions += 1
             stall = 0
             if self.verbose:
-                print(f"[{type(self).__name__}] the ELBO stalled with q(u) {gap[0]:.3g} per row "
-                      f"short of its optimum: step size reduced to {trainer.opt.lr:.3g}", flush=True)
+                short = f"{gap[0]:.3g} per row" if np.isfinite(gap[0]) else "an unmeasured gap"
+                print(f"[{type(self).__name__}] the ELBO stalled with q(u) {short} short of its "
+                      f"optimum: step size reduced to {trainer.opt.lr:.3g}", flush=True)
         return self.max_iter, "max_iter", gap
 
     def _q_gap(self, X, t, B):

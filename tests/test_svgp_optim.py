@@ -5,6 +5,7 @@ Titsias' bound, parameter packing against finite differences, Adam and Adadelta 
 formulas, the estimators' optimizer choices, and Adam's plateaus (step reductions, the
 warning when q(u) stays far from its optimum, healthy fits left as they were)."""
 
+import copy
 import pickle
 import warnings
 
@@ -166,6 +167,52 @@ def test_natural_gap_is_the_distance_to_titsias_optimum(rng, whiten):
     assert model.q_mu is arrays[0] and model.q_sqrt is arrays[1]
     natural_step(model, X, y, 1.0)  # at the optimum: no gain left
     assert natural_gap(model, passes, 200)[0] < 1e-10
+
+
+def poisson_model_at_prior(rng, log_rate, q_scale):
+    """(X, counts, a Poisson SVGP with q(u) = N(q_scale * noise, (0.1 + q_scale)^2 I)) for counts
+    around exp(log_rate)."""
+    X = rng.uniform(-3.0, 3.0, (500, 1))
+    y = rng.poisson(np.exp(log_rate + np.sin(2.0 * X[:, 0]))).astype(float)
+    q_mu = q_scale * rng.standard_normal(20)
+    model = SVGP(kernels.RBF(variance=float(log_rate) ** 2, lengthscale=1.0), likelihoods.Poisson(),
+                 np.linspace(-3.0, 3.0, 20)[:, None], q_mu, (0.1 + q_scale) * np.eye(20), jitter=1e-8)
+    return X, y, model
+
+
+@pytest.mark.parametrize("log_rate", [3.0, 6.0, 9.0])
+def test_natural_gap_finds_a_gain_where_the_first_halvings_overshoot(rng, log_rate):
+    # From q(u) at the prior's mean, counts around e^3 to e^9 make the natural step of size 1 and
+    # its first three halvings lower the ELBO; the gap is still tens to thousands per row (a
+    # natural-gradient fit reaches it), not the 0 that would call Adam's plateau converged.
+    X, y, model = poisson_model_at_prior(rng, log_rate, 0.0)
+    passes = lambda: iter([(X, y)])  # noqa: E731
+    for rho in (1.0, 0.5, 0.25, 0.125):
+        trial = copy.deepcopy(model)
+        natural_step(trial, X, y, rho)
+        assert not trial.elbo(X, y)[0] > model.elbo(X, y)[0]
+    gap, elbo = natural_gap(model, passes, 500)
+    assert gap > 10.0
+    # A lower bound on the distance: natural steps with backtracking climb further.
+    best = model
+    for _ in range(30):
+        rho = 1.0
+        while rho > 1e-12:
+            trial = copy.deepcopy(best)
+            natural_step(trial, X, y, rho, ng=NaturalGradient(warn=False))
+            if trial.elbo(X, y)[0] > best.elbo(X, y)[0]:
+                best = trial
+                break
+            rho *= 0.5
+    assert best.elbo(X, y)[0] > elbo + 500 * gap
+
+
+def test_natural_gap_is_inf_where_no_step_raises_the_elbo(rng):
+    # q(u) with variance 9.6 under counts around e^9: E[exp f] drives the ELBO to ~-1e190, and
+    # every step down to 1e-9 lowers it further. The gap is unknown, not 0.
+    X, y, model = poisson_model_at_prior(rng, 9.0, 3.0)
+    gap, elbo = natural_gap(model, lambda: iter([(X, y)]), 500)
+    assert elbo < -1e100 and gap == np.inf
 
 
 @pytest.mark.parametrize("train_q", [True, False])
@@ -371,6 +418,23 @@ def test_adam_reduces_its_step_on_a_plateau_to_reach_natgrad():
             est.partial_fit(X[:1000], y[:1000], n_total=5000)
     np.testing.assert_array_equal(twin.predict(X[:50]), adam.predict(X[:50]))
     assert twin._trainer.step_scale == adam._trainer.step_scale == pytest.approx(0.2)
+
+
+def test_adam_plateau_with_an_unmeasurable_gap_is_not_converged(monkeypatch, capsys):
+    # natural_gap answers inf where every natural step overshoots: the plateau rule must treat
+    # it as far from the optimum (reduce the step, then warn), never as converged.
+    from sklearn.datasets import make_moons
+
+    import pygpfast.svgp
+
+    X, y = make_moons(600, noise=0.2, random_state=1)
+    monkeypatch.setattr(pygpfast.svgp, "natural_gap", lambda model, passes, n: (np.inf, -100.0))
+    clf = SVGPClassifier(n_inducing=10, optimizer="adam", batch_size=100, max_iter=200,
+                         random_state=0, verbose=1000)
+    with pytest.warns(ConvergenceWarning, match=r"overshoots \(the gap cannot be measured\)"):
+        clf.fit(X, y)
+    assert clf._trainer.step_scale == pytest.approx(0.04)
+    assert capsys.readouterr().out.count("q(u) an unmeasured gap short of its optimum") == 2
 
 
 def test_adam_plateau_check_leaves_healthy_fits_as_they_were(monkeypatch):
