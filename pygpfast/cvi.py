@@ -861,9 +861,11 @@ _COMMON_ATTRIBUTES = """
         from the data-scaled start (see Notes): ``"reason"`` (the degeneracy: "isolated",
         "unreached", "constant" or "stalled"), ``"start"`` (the second search's starting
         kernel), ``"bounds"`` (the bound each search reached, the first's first), ``"kept"``
-        ("given" or "data-scaled": the one with the higher bound, whose results, and
-        warnings, the fitted attributes hold) and ``"both_constant"`` (both ended at a constant
-        latent function: labels without signal, not warned about).
+        ("given" or "data-scaled": the one with the higher bound, whose results the fitted
+        attributes hold, and whose warnings alone pygpfast issues: not those of numpy, scipy,
+        scikit-learn or the callback, shown as they occur, see Notes) and
+        ``"both_constant"`` (both ended at a constant latent function: labels without signal,
+        not warned about).
     kernel_ : pygpfast.kernels.Kernel
     mean_ : ndarray [L]
         Constant prior means of the latent functions.
@@ -895,8 +897,11 @@ _COMMON_ATTRIBUTES = """
     data-scaled start (the given kernel's structure with the default kernel's lengthscales and
     variance, drawn with ``random_state``; where that is the first start itself, as with
     ``kernel=None``, the same with lengthscales e^2 longer) and the fit keeps whichever
-    reaches the higher bound (``restart_``), with the warnings of that search only (those of
-    the other, such as its max_iter, are dropped). A degenerate fit that remains
+    reaches the higher bound (``restart_``), with pygpfast's warnings of that search only
+    (those of the other, such as its max_iter, are dropped; warnings that numpy, scipy,
+    scikit-learn or the callback issue during either search are shown as they occur: the fit
+    holds its own, on its own thread, and leaves the process's warning filters alone, so that
+    fits in concurrent threads keep theirs). A degenerate fit that remains
     (hyperparameters fixed, no lengthscales to rescale, or the first search kept) is a
     ``ConvergenceWarning`` that names the cause with its numbers (with the hyperparameters
     fixed, a flat prior is the kernel's choice and is not reported).

@@ -564,14 +564,9 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                 if hasattr(self, stale):
                     delattr(self, stale)
             full_batch = self.method == "mf" or optimizer == "lbfgs"
-            # (a search that a second one may replace holds its warnings until it is kept; the
-            # fits are called from here, not from a helper: their warnings' stacklevel counts
-            # the frames to the caller of fit)
+            # (a search that a second one may replace holds its warnings until it is kept)
             with HeldWarnings(self.optimize_hyperparameters and full_batch) as held:
-                if self.method == "mf":
-                    self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
-                else:
-                    self._fit_kl(model, X, t, optimizer)
+                self._fit_model(model, X, t, optimizer)
             found = self._diagnose(sample, start, self.optimize_hyperparameters)
             if (found is not None and self.optimize_hyperparameters and full_batch
                     and not self._callback_stopped):
@@ -579,10 +574,7 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                 if restart is not None:
                     first, model, scaled = restart
                     with HeldWarnings() as held_second:
-                        if self.method == "mf":
-                            self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
-                        else:
-                            self._fit_kl(model, X, t, optimizer)
+                        self._fit_model(model, X, t, optimizer)
                     start = self._keep_better(first, start, scaled, sample, found)
                     if self.restart_["kept"] == "data-scaled":
                         held = held_second
@@ -645,6 +637,13 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                          "elbos": elbos, "both_constant": both_constant}
         return scaled if kept == "data-scaled" else start
 
+    def _fit_model(self, model, X, t, optimizer):
+        """Fit `model` by the method and the (resolved) optimizer."""
+        if self.method == "mf":
+            self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
+        else:
+            self._fit_kl(model, X, t, optimizer)
+
     def _fit_kl(self, model, X, t, optimizer):
         """method='kl' with the (resolved) optimizer: L-BFGS-B or minibatch steps."""
         N = X.shape[0]
@@ -657,9 +656,9 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
             )
             converged = problem != "max_iter"
             if problem not in (None, "max_iter"):
-                warnings.warn(f"SVGP: {problem}; the fit may be far from the optimum (a "
-                              "near-singular K(Z, Z)? larger jitter, distinct inducing_points or "
-                              "whiten=True can help)", ConvergenceWarning, stacklevel=4)
+                warn_at_caller(f"SVGP: {problem}; the fit may be far from the optimum (a "
+                               "near-singular K(Z, Z)? larger jitter, distinct inducing_points "
+                               "or whiten=True can help)", ConvergenceWarning)
             self._set_model(model)
             self.elbo_ = model.elbo(X, t)[0]
             self.n_steps_ = self.n_iter_
@@ -673,7 +672,7 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
             unit = "epochs"
             if stopped == "q_gap":
                 (gap, scale), opt = gap, self.optimizer_
-                warnings.warn(
+                warn_at_caller(
                     f"SVGP ({opt}) stopped after {self.n_iter_} epochs with q(u) far from its "
                     f"optimum: the ELBO stalled at step size learning_rate * "
                     f"{self._trainer.step_scale:.3g} (reduced {self._MAX_STEP_REDUCTIONS} times), "
@@ -683,14 +682,13 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                     "crawl or jitter where q(u) is sharply peaked (large counts, a small noise "
                     "variance, many rows per inducing point); use optimizer='natgrad', which "
                     "steps q(u) by its curvature",
-                    ConvergenceWarning, stacklevel=4)
+                    ConvergenceWarning)
         if not converged:
-            warnings.warn(
+            warn_at_caller(
                 f"SVGP ({self.optimizer_}) stopped after max_iter={self.max_iter} {unit} before "
                 f"the ELBO per row stopped improving by tol={self.tol:g}; increase max_iter for a "
                 "tighter fit",
                 ConvergenceWarning,
-                stacklevel=4,
             )
 
     def _run_epochs(self, X, t, B):
@@ -1071,9 +1069,10 @@ _COMMON_ATTRIBUTES = """
         ``"reason"`` (the degeneracy: "isolated", "unreached", "constant" or "stalled"),
         ``"start"`` (the second fit's starting kernel), ``"elbos"`` (the ELBO each reached, the
         first's first), ``"kept"`` ("given" or "data-scaled": the one with the higher ELBO,
-        whose results, and warnings, the fitted attributes hold) and ``"both_constant"`` (both
-        ended at a constant latent function: labels without signal, not warned about). None
-        after partial_fit's first call.
+        whose results the fitted attributes hold, and whose warnings alone pygpfast issues:
+        not those of numpy, scipy, scikit-learn or the callback, shown as they occur, see
+        Notes) and ``"both_constant"`` (both ended at a constant latent function: labels
+        without signal, not warned about). None after partial_fit's first call.
     n_iter_ : int
         L-BFGS-B iterations of both stages, epochs, or partial_fit calls. (The passes of
         fit's plateau rule for 'adam' and 'adadelta' that measure q(u), see tol, are not
@@ -1110,8 +1109,11 @@ _NOTES = """
     structure with the default kernel's lengthscales and variance, drawn with
     ``random_state``, with lengthscales e^2 longer where that is the first start itself, as
     with ``kernel=None``; the same starting inducing inputs) and the estimator keeps whichever
-    reaches the higher ELBO (``restart_``), with the warnings of that fit only (those of the
-    other, such as its max_iter, are dropped). A degenerate fit that remains (a stochastic
+    reaches the higher ELBO (``restart_``), with pygpfast's warnings of that fit only (those
+    of the other, such as its max_iter, are dropped; warnings that numpy, scipy,
+    scikit-learn or the callback issue during either fit are shown as they occur: the fit
+    holds its own, on its own thread, and leaves the process's warning filters alone, so that
+    fits in concurrent threads keep theirs). A degenerate fit that remains (a stochastic
     optimizer, hyperparameters fixed, no lengthscales to rescale, or the first fit kept) is a
     ``ConvergenceWarning`` that names the cause with its numbers (with the hyperparameters
     fixed, a flat prior is the kernel's choice and is not reported); partial_fit checks its
