@@ -20,7 +20,6 @@ predicts with it (O(M^2) per test point).
 """
 
 import time
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +28,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from . import _core, _threads
 from ._svgp_optim import column_spread, lbfgs_problem
-from .exceptions import warn_inducing_jitter
+from .exceptions import warn_at_caller, warn_inducing_jitter
 from .kernels import hyper_bounds
 
 __all__ = ["MFFit", "check_estimator_params", "fit", "mf_bound", "mf_posterior"]
@@ -220,19 +219,17 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         except _Stop:
             pass
         solve(False)  # a at the final Z and kernel
-        # (stacklevel 5: this function, _fit_mf, _fit_encoded, fit, the caller)
         problem = None if res is None else lbfgs_problem(res, max_iter)
         if problem is not None:
             reason = (f"L-BFGS-B stopped after max_iter={max_iter} iterations; increase max_iter "
                       "for a tighter fit" if problem == "max_iter" else
                       f"{problem}; the fit may be far from the optimum")
-            warnings.warn(f"SVGP (mf): {reason}", ConvergenceWarning, stacklevel=5)
+            warn_at_caller(f"SVGP (mf): {reason}", ConvergenceWarning)
     if state["inner_failures"]:
-        warnings.warn(
+        warn_at_caller(
             f"SVGP (mf): the solve for the variational parameters a did not reach its tolerance "
             f"in {state['inner_failures']} evaluation(s); gradients there are approximate",
             ConvergenceWarning,
-            stacklevel=5,
         )
     q_mu, q_sqrt = mf_posterior(kernel, Z, X, y, state["a"], jitter=jitter)
     return MFFit(a=state["a"], Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, bound=float(state["bound"]),

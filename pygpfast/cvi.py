@@ -54,9 +54,9 @@ from . import kernels as _kernels
 from . import likelihoods as _likelihoods
 from ._memory import check_fits, explain_memory_error
 from ._validation import KernelParams, array_of_matrix, callback_says_stop, check_int
-from .exceptions import LinAlgError
+from .exceptions import HeldWarnings, LinAlgError, warn_at_caller
 from .piecewise import llp_bound
-from .svgp import _default_kernel, _second_search_clause, _second_start
+from .svgp import _both_constant, _default_kernel, _second_search_clause, _second_start
 
 __all__ = ["LocalBound", "InferenceResult", "infer", "oa_objective", "VGPClassifier",
            "VGPPoissonRegressor"]
@@ -590,15 +590,16 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         self.restart_ = None
         try:
             with explain_memory_error(*memory):
-                run, theta, capped, stopped = self._search(X, t, kernel, local_bound, mean,
-                                                           learn_mean)
+                # (a search that a second one may replace holds its warnings until it is kept)
+                with HeldWarnings(self.optimize_hyperparameters) as held:
+                    run, theta, stopped = self._search(X, t, kernel, local_bound, mean,
+                                                       learn_mean)
                 found = self._diagnose(X, start)
-                if (found is not None and found.restartable and self.optimize_hyperparameters
-                        and not stopped):
+                if found is not None and self.optimize_hyperparameters and not stopped:
                     restart = self._restart(X, t, rs, start, local_bound, mean, learn_mean,
-                                            (run, theta, capped), found)
+                                            (run, theta, held), found)
                     if restart is not None:
-                        run, theta, capped, start = restart
+                        run, theta, held, start = restart
                         found = self._diagnose(X, start)
                         if found is not None and self.restart_["both_constant"]:
                             found = None  # (both starts agree: the data show no signal)
@@ -614,10 +615,7 @@ class _VGPEstimator(KernelParams, BaseEstimator):
                 print(f"[{type(self).__name__}] bound {self.bound_: .8e}  "
                       f"{self.n_iter_} inference iterations  "
                       f"{time.perf_counter() - self._clock:.1f} s", flush=True)
-        elif capped:
-            warnings.warn(f"hyperparameter optimisation stopped after max_iter={self.max_iter} "
-                          "iterations; increase max_iter for a tighter fit",
-                          ConvergenceWarning, stacklevel=3)
+        held.release()
         if found is not None:
             suffix = ""
             if self.restart_ is not None:
@@ -634,12 +632,12 @@ class _VGPEstimator(KernelParams, BaseEstimator):
 
     def _search(self, X, t, kernel, local_bound, mean, learn_mean):
         """The hyperparameter search (or none) from `kernel`, with the fitted attributes set at
-        its result: (run, theta, stopped at max_iter, stopped by the callback)."""
+        its result: (run, theta, stopped by the callback)."""
         run = _Run(self, X, t, _Hyperparameters(kernel, local_bound, mean, learn_mean))
-        theta, capped, stopped = (self._optimise(run) if self.optimize_hyperparameters
-                                  else (run.hyper.get(), False, False))
+        theta, stopped = (self._optimise(run) if self.optimize_hyperparameters
+                          else (run.hyper.get(), False))
         self._set_fitted(run, theta)
-        return run, theta, capped, stopped
+        return run, theta, stopped
 
     def _diagnose(self, X, start):
         """kernels.diagnose of the fitted kernel_ (a Degeneracy, or None)."""
@@ -648,36 +646,35 @@ class _VGPEstimator(KernelParams, BaseEstimator):
 
     def _restart(self, X, t, rs, start, local_bound, mean, learn_mean, first, found):
         """A second search from the data-scaled start (the default kernel's lengthscales and
-        variance in the structure of `start`) after the first ended degenerate (`found`); keeps
-        whichever reaches the higher bound and records both in restart_. Returns (run, theta,
-        capped, start) of the kept search, or None when there is no other start."""
+        variance in the structure of `start`) after the first, `first` = (run, theta, its
+        HeldWarnings), ended degenerate (`found`); keeps whichever reaches the higher bound and
+        records both in restart_. Returns (run, theta, HeldWarnings, start) of the kept search,
+        or None when there is no other start."""
         scaled = _second_start(start, X, rs, 1.0)
         if scaled is None:
             return None
-        run, theta, capped = first
+        run, theta, held = first
         earlier = (self.history_, self.n_iter_, self.n_evaluations_)
-        first_bound = self.bound_
-        first_constant = _kernels.latent_is_constant(self.kernel_, X, 1.0)
+        first_bound, first_kernel = self.bound_, self.kernel_
         if self.verbose:
             print(f"[{type(self).__name__}] the search ended degenerate ({found.kind}); "
                   f"searching again from {scaled!r}", flush=True)
-        run2, theta2, capped2, _ = self._search(X, t, copy.deepcopy(scaled), local_bound, mean,
-                                                learn_mean)
+        with HeldWarnings() as held2:
+            run2, theta2, _ = self._search(X, t, copy.deepcopy(scaled), local_bound, mean,
+                                           learn_mean)
         second_bound = self.bound_
         evaluations = earlier[2] + self.n_evaluations_
         kept = "data-scaled" if second_bound >= first_bound else "given"
         self.restart_ = {
             "reason": found.kind, "start": copy.deepcopy(scaled), "kept": kept,
             "bounds": (float(first_bound), float(second_bound)),
-            # (a constant latent reached from both starts is the data's verdict: no signal)
-            "both_constant": first_constant and _kernels.latent_is_constant(
-                self.kernel_, X, 1.0)}
+            "both_constant": _both_constant(first_kernel, self.kernel_, scaled, X, 1.0)}
         if kept == "given":
             self._set_fitted(run, theta)
             self.history_, self.n_iter_ = earlier[0], earlier[1]
-            result = (run, theta, capped, start)
+            result = (run, theta, held, start)
         else:
-            result = (run2, theta2, capped2, scaled)
+            result = (run2, theta2, held2, scaled)
         self.n_evaluations_ = evaluations
         return result
 
@@ -747,8 +744,8 @@ class _VGPEstimator(KernelParams, BaseEstimator):
                 "method='fixed-point'", ConvergenceWarning, stacklevel=4)
 
     def _optimise(self, run):
-        """L-BFGS-B on -bound / N over the hyperparameters: (the best theta, whether it stopped
-        at max_iter, whether the callback stopped it)."""
+        """L-BFGS-B on -bound / N over the hyperparameters: (the best theta, whether the callback
+        stopped it); a ConvergenceWarning when it stopped at max_iter."""
         N = run.X.shape[0]
         history = []
         stopped = []
@@ -778,7 +775,10 @@ class _VGPEstimator(KernelParams, BaseEstimator):
             options={"maxiter": self.max_iter, "ftol": _SEARCH_TOL_FACTOR * self.tol, "gtol": 1e-6})
         self.history_, self.n_iter_ = np.array(history), int(res.nit)
         self.n_evaluations_ = int(res.nfev)
-        return res.x, bool(not res.success and res.nit >= self.max_iter), bool(stopped)
+        if not res.success and res.nit >= self.max_iter:
+            warn_at_caller(f"hyperparameter optimisation stopped after max_iter={self.max_iter} "
+                           "iterations; increase max_iter for a tighter fit", ConvergenceWarning)
+        return res.x, bool(stopped)
 
     def _inference(self, hyper, X, t, alpha, lam):
         """Inference at hyperparameters `hyper` from the warm start (alpha, lam), with the
@@ -810,9 +810,9 @@ _COMMON_DOC = """
     kernel : pygpfast.kernels.Kernel, optional
         Prior covariance, shared by the latent functions. Default: RBF with ARD lengthscales
         from the median-distance heuristic. A kernel's hyperparameters are where the search
-        starts; lengthscales far from the distances between the training inputs make a useless
-        model (see Notes), which the fit detects, searches again from the data's scale or warns
-        about.
+        starts; lengthscales far from the distances between the training inputs, or a variance
+        far below the latent scale, make a useless model (see Notes), which the fit detects,
+        searches again from the data's scale or warns about.
     bound : {"quadratic", "linear"}
         Piecewise bound on log(1 + e^x) (Marlin, Khan & Murphy 2011) for the logit-based
         likelihoods.
@@ -868,11 +868,13 @@ _COMMON_ATTRIBUTES = """
     restart_ : dict or None
         None unless the search from the given kernel ended degenerate and a second one ran
         from the data-scaled start (see Notes): ``"reason"`` (the degeneracy: "isolated",
-        "unreached" or "constant"), ``"start"`` (the second search's starting kernel),
-        ``"bounds"`` (the bound each search reached, the first's first), ``"kept"``
+        "unreached", "constant" or "stalled"), ``"start"`` (the second search's starting
+        kernel), ``"bounds"`` (the bound each search reached, the first's first), ``"kept"``
         ("given" or "data-scaled": the one with the higher bound, whose results the fitted
-        attributes hold) and ``"both_constant"`` (both ended at a constant latent function:
-        labels without signal, not warned about).
+        attributes hold, and whose warnings alone pygpfast issues: not those of numpy, scipy,
+        scikit-learn or the callback, shown as they occur, see Notes) and
+        ``"both_constant"`` (both ended at a constant latent function: labels without signal,
+        not warned about).
     kernel_ : pygpfast.kernels.Kernel
     mean_ : ndarray [L]
         Constant prior means of the latent functions.
@@ -898,14 +900,21 @@ _COMMON_ATTRIBUTES = """
     largest correlation with another below ``kernels.ISOLATED_CORRELATION``, 1e-3; or a start
     that varies across the training inputs by less than ``kernels.FLAT_SHARE``, 1e-4, of its
     variance and a latent function that ends varying by less than ``kernels.FLAT_SPREAD``,
-    1e-2). When it finds one and the hyperparameters are learned, a second search runs from
-    the data-scaled start (the given kernel's structure with the default kernel's lengthscales
-    and variance, drawn with ``random_state``; where that is the first start itself, as with
-    ``kernel=None``, the same with lengthscales e^2 longer) and the fit keeps whichever reaches
-    the higher bound (``restart_``). A degenerate fit that remains (hyperparameters fixed, no lengthscales
-    to rescale, or the first search kept) is a ``ConvergenceWarning`` that names the cause with
-    its numbers, as is a search that ended at a start on which the prior barely varies (a
-    kernel variance of 1e-8, say).
+    1e-2). A start on which the prior barely varies (a kernel variance of 1e-8, say) is as
+    flat: the search ends there ("stalled": the prior varies across the training inputs by
+    less than 1e-4 of the latent scale, at its start or creeping away from it). When it finds
+    any of these and the hyperparameters are learned, a second search runs from the
+    data-scaled start (the given kernel's structure with the default kernel's lengthscales and
+    variance, drawn with ``random_state``; where that is the first start itself, as with
+    ``kernel=None``, the same with lengthscales e^2 longer) and the fit keeps whichever
+    reaches the higher bound (``restart_``), with pygpfast's warnings of that search only
+    (those of the other, such as its max_iter, are dropped; warnings that numpy, scipy,
+    scikit-learn or the callback issue during either search are shown as they occur: the fit
+    holds its own, on its own thread, and leaves the process's warning filters alone, so that
+    fits in concurrent threads keep theirs). A degenerate fit that remains
+    (hyperparameters fixed, no lengthscales to rescale, or the first search kept) is a
+    ``ConvergenceWarning`` that names the cause with its numbers (with the hyperparameters
+    fixed, a flat prior is the kernel's choice and is not reported).
 """
 
 

@@ -1,6 +1,8 @@
 """Exceptions and warnings raised by pygpfast."""
 
+import contextlib
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -16,11 +18,26 @@ class NumericalWarning(UserWarning):
     """A computation needed a numerical safeguard (for example jitter on a Cholesky)."""
 
 
+class _Holds(threading.local):
+    """The :class:`HeldWarnings` blocks active on a thread, innermost last: a hold is the
+    thread's own, so a fit holds its own warnings and no other thread's."""
+
+    def __init__(self):
+        self.stack = []
+
+
+_holds = _Holds()
+
+
 def warn_at_caller(message, category=NumericalWarning):
     """warnings.warn attributed to the caller of the outermost pygpfast frame (the user's line
     that called fit, say): a safeguard taken at every step of a fit is then one warning there
     (Python shows a warning once per message and location), not one per step pointing inside
-    the optimiser, or at scipy's, which calls the objective."""
+    the optimiser, or at scipy's, which calls the objective. Within a :class:`HeldWarnings`
+    block on this thread, the innermost block holds it instead (its release issues it)."""
+    if _holds.stack:
+        _holds.stack[-1]._held.setdefault((category, str(message)), message)
+        return
     frame, level, outermost = sys._getframe(1), 2, 2
     while frame is not None:
         if frame.f_globals.get("__name__", "").split(".")[0] == "pygpfast":
@@ -37,3 +54,44 @@ def warn_inducing_jitter(who, extra, mean_diag):
             f"{who}: K(Z, Z) was not numerically positive definite; added jitter of "
             f"{extra / mean_diag:.0e} times its mean diagonal. Inducing points may be "
             "duplicated; consider fewer of them or a larger jitter.")
+
+
+class HeldWarnings:
+    """pygpfast's warnings issued on this thread within a ``with`` block, held back instead of
+    shown: those of a hyperparameter search that a second search may replace (the estimators'
+    ``restart_``). :meth:`release` issues them, each once, through :func:`warn_at_caller`: at
+    the user's line, under the filters in force then (an "error" filter raises it there), or,
+    within another block, into that block's hold. A search that is discarded drops them with
+    this object. A block left by an exception releases them on the way out (the exception wins
+    over a filter that would raise one).
+
+    Only what pygpfast issues through :func:`warn_at_caller` is held, and only on the thread
+    that entered the block: the process's warning filters and ``warnings.showwarning`` are left
+    alone, so that fits in concurrent threads neither hold nor drop each other's warnings, nor
+    anyone else's. Warnings that numpy, scipy or scikit-learn issue during a search (a
+    RuntimeWarning, KMeans's), or a callback with ``warnings.warn``, are shown as they occur,
+    whichever search is kept. ``HeldWarnings(False)`` adds no hold (one around it still holds).
+    """
+
+    def __init__(self, hold=True):
+        self.hold = hold
+        self._held = {}  # (category, text) -> message
+
+    def __enter__(self):
+        if self.hold:
+            _holds.stack.append(self)
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if self.hold:
+            _holds.stack.pop()  # (blocks on one thread nest: this one is the innermost)
+            if kind is not None:
+                with contextlib.suppress(Warning):
+                    self.release()
+        return False
+
+    def release(self):
+        """Issue the warnings held (once: they are then no longer held)."""
+        held, self._held = self._held, {}
+        for (category, _), message in held.items():
+            warn_at_caller(message, category)

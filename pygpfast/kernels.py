@@ -80,6 +80,11 @@ FLAT_SHARE = 1e-4
 #: without signal, fitted from the default kernel, 1e-4 to 1e-3 (and a lengthscale 2e-4 in one
 #: of two dimensions, as good as any other there); healthy fits 0.19 and above.
 FLAT_SPREAD = 1e-2
+#: A search stalls on a prior that varies across the training inputs by a variance below this
+#: share of the latent scale: the bound is as flat in the log hyperparameters (its gradients
+#: are of the order of the spread), and L-BFGS-B's tolerances stop at once (a kernel variance of
+#: 1e-8; a Linear kernel on features in units of 1e-3). The "stalled" check of :func:`diagnose`.
+STALLED_SPREAD = 1e-4
 #: Fewest inputs for which a diagonal kernel is a memoriser (a handful of points may well be
 #: far apart on the kernel's scale).
 _HANDFUL = 5
@@ -166,18 +171,14 @@ class Degeneracy:
         training inputs); "unreached": K(X, Z) is numerically zero (q(f) at the training inputs
         is the prior); "constant": the latent function is numerically constant because the
         search started from lengthscales far above the inputs' spread; "stalled": the search
-        stopped at (or moving away from) a start on which the prior barely varies.
+        stopped at (or moving away from) a start on which the prior barely varies. After any
+        of them the estimators search again from the data's scale where they can (learned
+        hyperparameters, a full-batch search, a kernel with lengthscales: their ``restart_``).
     message : str
     """
 
     def __init__(self, kind, message):
         self.kind, self.message = kind, message
-
-    @property
-    def restartable(self):
-        """Whether a search from lengthscales at the data's scale can be expected to leave it
-        (the lengthscales are the cause)."""
-        return self.kind in ("isolated", "unreached", "constant")
 
     def warn(self, stacklevel, suffix=""):
         message = self.message[:-1] + suffix + "." if self.message.endswith(".") else (
@@ -222,12 +223,13 @@ def diagnose(kernel, X, *, start, scale, who, searched, Z=None):
     * "constant": the latent function is constant and the search's start was numerically
       constant on the training inputs (a share of its variance below :data:`FLAT_SHARE`); a
       constant reached from a start that varies is the data's verdict, not a degeneracy;
-    * "stalled" (searched only): the prior varies by less than 1e-4 of the latent scale and the
-      search ended at its start (no log hyperparameter moved by 0.1) or stopped while moving
-      towards more variation. Such a start is flat in the log hyperparameters (the gradient is
-      of the order of the spread: a variance of 1e-8, a Linear kernel on features in units of
-      1e-3): L-BFGS-B's tolerances stop at once, and Adam's fixed-size steps creep (from
-      Linear(variance=1) on such features: variance 3.8 after 30 epochs, R^2 0.02).
+    * "stalled" (searched only): the prior varies by less than :data:`STALLED_SPREAD`, 1e-4, of
+      the latent scale and the search ended at its start (no log hyperparameter moved by 0.1)
+      or stopped while moving towards more variation. Such a start is flat in the log
+      hyperparameters (the gradient is of the order of the spread: a variance of 1e-8, a Linear
+      kernel on features in units of 1e-3): L-BFGS-B's tolerances stop at once, and Adam's
+      fixed-size steps creep (from Linear(variance=1) on such features: variance 3.8 after 30
+      epochs, R^2 0.02).
     """
     varying = _varying_part(kernel)
     if varying is None or X.shape[0] <= _HANDFUL:
@@ -318,7 +320,7 @@ def _collapse(kernel):
 def _stalled_message(kernel, start, X, scale, who):
     """The "stalled" check of :func:`diagnose` (a message, or None)."""
     spread = prior_spread(kernel, X)
-    if spread >= 1e-4 * scale:
+    if spread >= STALLED_SPREAD * scale:
         return None
     if np.max(np.abs(kernel.theta - start.theta), initial=0.0) < 0.1:
         where = "ended at its start"

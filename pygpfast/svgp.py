@@ -37,7 +37,7 @@ from ._svgp_optim import StochasticTrainer, fit_lbfgs, natural_gap, power_of_two
 from ._threads import get_num_threads, one_blas_thread
 from ._validation import (KernelParams, as_matrix, as_vector, callback_says_stop, check_int,
                           check_same_dim)
-from .exceptions import warn_at_caller, warn_inducing_jitter
+from .exceptions import HeldWarnings, warn_at_caller, warn_inducing_jitter
 
 __all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]
 
@@ -271,16 +271,16 @@ def _data_scaled_kernel(kernel, X, random_state, variance=1.0):
     product, whose variances multiply); the other leaves (Linear, Constant, White) as they are.
     None when `kernel` has no stationary leaf. The start of the estimators' second search after
     a first one from `kernel` ended degenerate (kernels.diagnose)."""
+    if not _has_stationary_leaf(kernel):
+        return None
     reference = _default_kernel(X, random_state, variance).lengthscale
     scaled = copy.deepcopy(kernel)
-    found = []
 
     def assign(k, var):
         if isinstance(k, _kernels._Stationary):
             k.lengthscale = (reference if np.ndim(k.lengthscale)
                              else float(np.exp(np.mean(np.log(reference)))))
             k.variance = var
-            found.append(k)
             return True
         if isinstance(k, _kernels.Product):
             seen = False
@@ -292,7 +292,13 @@ def _data_scaled_kernel(kernel, X, random_state, variance=1.0):
         return False
 
     assign(scaled, variance)
-    return scaled if found else None
+    return scaled
+
+
+def _has_stationary_leaf(kernel):
+    """Whether `kernel` has a stationary leaf, whose lengthscales and variance a second search
+    can start from the data's scale (:func:`_data_scaled_kernel`)."""
+    return any(isinstance(leaf, _kernels._Stationary) for leaf in _kernels._leaves(kernel))
 
 
 def _second_start(start, X, random_state, variance=1.0):
@@ -311,10 +317,22 @@ def _second_start(start, X, random_state, variance=1.0):
     return scaled
 
 
+def _both_constant(first, second, scaled, X, scale):
+    """restart_["both_constant"]: whether the searches from the given start and from the
+    data-scaled one, `scaled`, ended at kernels (`first`, `second`) whose latent functions are
+    constant on the rows of X (:func:`kernels.latent_is_constant`, latent scale `scale`), and
+    `scaled` is not flat there. Such agreement is the data's verdict (labels without signal);
+    a data-scaled start that a factor without lengthscales keeps flat (Linear(variance=1e-8) in
+    a product) stalls as the first did, and agrees with it by that alone."""
+    return (_kernels.prior_spread(scaled, X) >= _kernels.STALLED_SPREAD * scale
+            and all(_kernels.latent_is_constant(k, X, scale) for k in (first, second)))
+
+
 def _second_search_clause(kept, first, second, objective):
     """What a degenerate fit's warning adds after a second search (restart_): `kept` is
     restart_["kept"], `first` and `second` the two searches' `objective` ("bound", "ELBO")."""
-    return ("; a second search, from lengthscales set by the data's scale, "
+    return ("; a second search, from a kernel variance and lengthscales set by the data's "
+            "scale, "
             + (f"reached a lower {objective} ({second:.6g} against {first:.6g})"
                if kept == "given" else
                f"was kept for its higher {objective} ({second:.6g} against {first:.6g}), and "
@@ -545,33 +563,32 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
             for stale in ("n_total_", "mf_a_"):
                 if hasattr(self, stale):
                     delattr(self, stale)
-            # (the fits are called from here, not from a helper: their warnings' stacklevel
-            # counts the frames to the caller of fit)
-            if self.method == "mf":
-                self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
-            else:
-                self._fit_kl(model, X, t, optimizer)
-            found = self._diagnose(sample, start, self.optimize_hyperparameters)
             full_batch = self.method == "mf" or optimizer == "lbfgs"
-            if (found is not None and found.restartable and self.optimize_hyperparameters
-                    and full_batch and not self._callback_stopped):
+            # (a search that a second one may replace holds its warnings until it is kept)
+            with HeldWarnings(self.optimize_hyperparameters and full_batch) as held:
+                self._fit_model(model, X, t, optimizer)
+            found = self._diagnose(sample, start, self.optimize_hyperparameters)
+            if (found is not None and self.optimize_hyperparameters and full_batch
+                    and not self._callback_stopped):
                 restart = self._restart_model(X, t, rs, start, Z0, found)
                 if restart is not None:
                     first, model, scaled = restart
-                    if self.method == "mf":
-                        self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
-                    else:
-                        self._fit_kl(model, X, t, optimizer)
+                    with HeldWarnings() as held_second:
+                        self._fit_model(model, X, t, optimizer)
                     start = self._keep_better(first, start, scaled, sample, found)
+                    if self.restart_["kept"] == "data-scaled":
+                        held = held_second
                     found = self._diagnose(sample, start, True)
                     if found is not None and self.restart_["both_constant"]:
                         found = None  # (both starts agree: the data show no signal)
+        held.release()
         if found is not None:
             suffix = ""
             if self.restart_ is not None:
                 suffix = _second_search_clause(self.restart_["kept"], *self.restart_["elbos"],
                                                "ELBO")
-            elif found.restartable and self.optimize_hyperparameters and not full_batch:
+            elif (self.optimize_hyperparameters and not full_batch
+                  and _has_stationary_leaf(start)):
                 suffix = (f"; the full-batch optimizer='lbfgs' would search again from "
                           f"there, {self.optimizer_!r} does not")
             found.warn(stacklevel=3, suffix=suffix)
@@ -610,9 +627,8 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         start."""
         kept = "data-scaled" if self.elbo_ >= first["elbo_"] else "given"
         elbos = (float(first["elbo_"]), float(self.elbo_))
-        # (a constant latent reached from both starts is the data's verdict: no signal)
-        both_constant = all(_kernels.latent_is_constant(kernel, sample, self._target_scale())
-                            for kernel in (first["model_"].kernel, self.model_.kernel))
+        both_constant = _both_constant(first["model_"].kernel, self.model_.kernel, scaled,
+                                       sample, self._target_scale())
         if kept == "given":
             for name in self._fitted_state():
                 delattr(self, name)
@@ -620,6 +636,13 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         self.restart_ = {"reason": found.kind, "start": copy.deepcopy(scaled), "kept": kept,
                          "elbos": elbos, "both_constant": both_constant}
         return scaled if kept == "data-scaled" else start
+
+    def _fit_model(self, model, X, t, optimizer):
+        """Fit `model` by the method and the (resolved) optimizer."""
+        if self.method == "mf":
+            self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
+        else:
+            self._fit_kl(model, X, t, optimizer)
 
     def _fit_kl(self, model, X, t, optimizer):
         """method='kl' with the (resolved) optimizer: L-BFGS-B or minibatch steps."""
@@ -633,9 +656,9 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
             )
             converged = problem != "max_iter"
             if problem not in (None, "max_iter"):
-                warnings.warn(f"SVGP: {problem}; the fit may be far from the optimum (a "
-                              "near-singular K(Z, Z)? larger jitter, distinct inducing_points or "
-                              "whiten=True can help)", ConvergenceWarning, stacklevel=4)
+                warn_at_caller(f"SVGP: {problem}; the fit may be far from the optimum (a "
+                               "near-singular K(Z, Z)? larger jitter, distinct inducing_points "
+                               "or whiten=True can help)", ConvergenceWarning)
             self._set_model(model)
             self.elbo_ = model.elbo(X, t)[0]
             self.n_steps_ = self.n_iter_
@@ -653,7 +676,7 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                             f"per row ({gap / scale:.1%} of its size)" if np.isfinite(gap) else
                             "every natural-gradient step on q(u), down to size 1e-9, overshoots "
                             "(the gap cannot be measured)")
-                warnings.warn(
+                warn_at_caller(
                     f"SVGP ({opt}) stopped after {self.n_iter_} epochs with q(u) far from its "
                     f"optimum: the ELBO stalled at step size learning_rate * "
                     f"{self._trainer.step_scale:.3g} (reduced {self._MAX_STEP_REDUCTIONS} times), "
@@ -662,14 +685,13 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                     "crawl or jitter where q(u) is sharply peaked (large counts, a small noise "
                     "variance, many rows per inducing point); use optimizer='natgrad', which "
                     "steps q(u) by its curvature",
-                    ConvergenceWarning, stacklevel=4)
+                    ConvergenceWarning)
         if not converged:
-            warnings.warn(
+            warn_at_caller(
                 f"SVGP ({self.optimizer_}) stopped after max_iter={self.max_iter} {unit} before "
                 f"the ELBO per row stopped improving by tol={self.tol:g}; increase max_iter for a "
                 "tighter fit",
                 ConvergenceWarning,
-                stacklevel=4,
             )
 
     def _run_epochs(self, X, t, B):
@@ -956,8 +978,9 @@ _COMMON_DOC = """
         Prior covariance (shared by all latent functions). Default: RBF with ARD lengthscales
         from the median-distance heuristic on a subsample of X. A kernel's hyperparameters are
         where the search starts; lengthscales far from the distances between the training
-        inputs make a useless model (see Notes), which the fit detects, searches again from the
-        data's scale (full-batch fits) or warns about.
+        inputs, or a variance far below the latent scale, make a useless model (see Notes),
+        which the fit detects, searches again from the data's scale (full-batch fits) or warns
+        about.
     n_inducing : int, default 100
         Number of inducing points M, initialised by k-means on a subsample of max(10 M, 10000) rows.
     inducing_points : array_like [M, D], optional
@@ -1047,11 +1070,13 @@ _COMMON_ATTRIBUTES = """
     restart_ : dict or None
         None unless a full-batch fit (optimizer 'lbfgs' or method 'mf') from the given kernel
         ended degenerate and a second one ran from the data-scaled start (see Notes):
-        ``"reason"`` (the degeneracy: "isolated", "unreached" or "constant"), ``"start"`` (the
-        second fit's starting kernel), ``"elbos"`` (the ELBO each reached, the first's first),
-        ``"kept"`` ("given" or "data-scaled": the one with the higher ELBO, whose results the
-        fitted attributes hold) and ``"both_constant"`` (both ended at a constant latent
-        function: labels without signal, not warned about). None after partial_fit's first call.
+        ``"reason"`` (the degeneracy: "isolated", "unreached", "constant" or "stalled"),
+        ``"start"`` (the second fit's starting kernel), ``"elbos"`` (the ELBO each reached, the
+        first's first), ``"kept"`` ("given" or "data-scaled": the one with the higher ELBO,
+        whose results the fitted attributes hold, and whose warnings alone pygpfast issues:
+        not those of numpy, scipy, scikit-learn or the callback, shown as they occur, see
+        Notes) and ``"both_constant"`` (both ended at a constant latent function: labels
+        without signal, not warned about). None after partial_fit's first call.
     n_iter_ : int
         L-BFGS-B iterations of both stages, epochs, or partial_fit calls. (The passes of
         fit's plateau rule for 'adam' and 'adadelta' that measure q(u), see tol, are not
@@ -1080,15 +1105,23 @@ _NOTES = """
     input, below ``kernels.ISOLATED_CORRELATION``, 1e-3; or a start that varies across the
     training inputs by less than ``kernels.FLAT_SHARE``, 1e-4, of its variance and a latent
     function that ends varying by less than ``kernels.FLAT_SPREAD``, 1e-2, of the latent
-    scale). When it finds one after a full-batch fit (optimizer 'lbfgs', method 'mf') with the
+    scale). A start on which the prior barely varies (a kernel variance of 1e-8, say) is as
+    flat: the search ends there ("stalled": the prior varies across the training inputs by
+    less than 1e-4 of the latent scale, at its start or creeping away from it). When it finds
+    any of these after a full-batch fit (optimizer 'lbfgs', method 'mf') with the
     hyperparameters learned, a second fit runs from the data-scaled start (the given kernel's
     structure with the default kernel's lengthscales and variance, drawn with
     ``random_state``, with lengthscales e^2 longer where that is the first start itself, as
     with ``kernel=None``; the same starting inducing inputs) and the estimator keeps whichever
-    reaches the higher ELBO (``restart_``). A degenerate fit that remains (a stochastic
+    reaches the higher ELBO (``restart_``), with pygpfast's warnings of that fit only (those
+    of the other, such as its max_iter, are dropped; warnings that numpy, scipy,
+    scikit-learn or the callback issue during either fit are shown as they occur: the fit
+    holds its own, on its own thread, and leaves the process's warning filters alone, so that
+    fits in concurrent threads keep theirs). A degenerate fit that remains (a stochastic
     optimizer, hyperparameters fixed, no lengthscales to rescale, or the first fit kept) is a
-    ``ConvergenceWarning`` that names the cause with its numbers, as is a search that ended at
-    a start on which the prior barely varies; partial_fit checks its first chunk's model.
+    ``ConvergenceWarning`` that names the cause with its numbers (with the hyperparameters
+    fixed, a flat prior is the kernel's choice and is not reported); partial_fit checks its
+    first chunk's model.
 """
 
 
