@@ -642,7 +642,8 @@ class _VGPEstimator(KernelParams, BaseEstimator):
     def _diagnose(self, X, start):
         """kernels.diagnose of the fitted kernel_ (a Degeneracy, or None)."""
         return _kernels.diagnose(self.kernel_, X, start=start, scale=1.0,
-                                 who=type(self).__name__, searched=self.optimize_hyperparameters)
+                                 who=type(self).__name__, searched=self.optimize_hyperparameters,
+                                 fixed=not self.optimize_hyperparameters)
 
     def _restart(self, X, t, rs, start, local_bound, mean, learn_mean, first, found):
         """A second search from the data-scaled start (the default kernel's lengthscales and
@@ -913,8 +914,8 @@ _COMMON_ATTRIBUTES = """
     holds its own, on its own thread, and leaves the process's warning filters alone, so that
     fits in concurrent threads keep theirs). A degenerate fit that remains
     (hyperparameters fixed, no lengthscales to rescale, or the first search kept) is a
-    ``ConvergenceWarning`` that names the cause with its numbers (with the hyperparameters
-    fixed, a flat prior is the kernel's choice and is not reported).
+    ``ConvergenceWarning`` that names the cause with its numbers, as is a kernel fixed
+    (``optimize_hyperparameters=False``) at such a flat prior ("flat").
 """
 
 

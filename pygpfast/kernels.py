@@ -166,14 +166,15 @@ class Degeneracy:
 
     Attributes
     ----------
-    kind : {"isolated", "unreached", "constant", "stalled"}
+    kind : {"isolated", "unreached", "constant", "stalled", "flat"}
         "isolated": K(X, X) is numerically diagonal (a memoriser: the prior away from the
         training inputs); "unreached": K(X, Z) is numerically zero (q(f) at the training inputs
         is the prior); "constant": the latent function is numerically constant because the
         search started from lengthscales far above the inputs' spread; "stalled": the search
-        stopped at (or moving away from) a start on which the prior barely varies. After any
-        of them the estimators search again from the data's scale where they can (learned
-        hyperparameters, a full-batch search, a kernel with lengthscales: their ``restart_``).
+        stopped at (or moving away from) a start on which the prior barely varies; "flat": the
+        user fixed such a prior. After any of the first four the estimators search again from
+        the data's scale where they can (learned hyperparameters, a full-batch search, a kernel
+        with lengthscales: their ``restart_``).
     message : str
     """
 
@@ -189,7 +190,7 @@ class Degeneracy:
         return f"Degeneracy({self.kind!r}, {self.message!r})"
 
 
-def diagnose(kernel, X, *, start, scale, who, searched, Z=None):
+def diagnose(kernel, X, *, start, scale, who, searched, fixed=False, Z=None):
     """A :class:`Degeneracy` when the fitted `kernel` makes the model useless on the training
     inputs X [N, D] (float64), else None.
 
@@ -207,6 +208,8 @@ def diagnose(kernel, X, *, start, scale, who, searched, Z=None):
         The estimator's name, for the message.
     searched : bool
         Whether the hyperparameters were searched (the "stalled" check needs a search).
+    fixed : bool
+        Whether the user fixed the kernel (optimize_hyperparameters=False): the "flat" check.
     Z : ndarray [M, D], optional
         Inducing inputs (sparse models).
 
@@ -229,7 +232,8 @@ def diagnose(kernel, X, *, start, scale, who, searched, Z=None):
       hyperparameters (the gradient is of the order of the spread: a variance of 1e-8, a Linear
       kernel on features in units of 1e-3): L-BFGS-B's tolerances stop at once, and Adam's
       fixed-size steps creep (from Linear(variance=1) on such features: variance 3.8 after 30
-      epochs, R^2 0.02).
+      epochs, R^2 0.02);
+    * "flat" (fixed only): the same prior, fixed by the user: the model is its prior mean.
     """
     varying = _varying_part(kernel)
     if varying is None or X.shape[0] <= _HANDFUL:
@@ -298,8 +302,17 @@ def diagnose(kernel, X, *, start, scale, who, searched, Z=None):
             f"variance), and the latent function {'ended' if searched else 'is'} constant (a "
             f"variance of {spread:.2g} across them at {kernel!r}, latent scale {scale:.3g}): "
             f"the model predicts the same everywhere. {cure}."))
-    message = _stalled_message(kernel, start, X, scale, who) if searched else None
-    return None if message is None else Degeneracy("stalled", message)
+    if searched:
+        message = _stalled_message(kernel, start, X, scale, who)
+        return None if message is None else Degeneracy("stalled", message)
+    if fixed and spread < STALLED_SPREAD * scale and _typical_distance(X) > 0:
+        return Degeneracy("flat", (
+            f"{who}: the kernel is fixed (optimize_hyperparameters=False) at {kernel!r}, where "
+            f"a draw from the prior varies across the training inputs by a variance of only "
+            f"{spread:.3g} (latent scale {scale:.3g}): the latent function is numerically its "
+            f"prior mean, and the model predicts the same everywhere. Give the kernel a "
+            f"variance of the order of {scale:.3g}, or learn it (optimize_hyperparameters=True)"))
+    return None
 
 
 def latent_is_constant(kernel, X, scale):

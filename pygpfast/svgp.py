@@ -599,7 +599,8 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         spaced subsample of the training inputs."""
         return _kernels.diagnose(self.model_.kernel, sample, start=start,
                                  scale=self._target_scale(), who=type(self).__name__,
-                                 searched=searched, Z=self.model_.Z)
+                                 searched=searched, fixed=not self.optimize_hyperparameters,
+                                 Z=self.model_.Z)
 
     def _restart_model(self, X, t, rs, start, Z0, found):
         """The model of a second full-batch fit after the first ended degenerate (`found`): the
@@ -1119,8 +1120,8 @@ _NOTES = """
     holds its own, on its own thread, and leaves the process's warning filters alone, so that
     fits in concurrent threads keep theirs). A degenerate fit that remains (a stochastic
     optimizer, hyperparameters fixed, no lengthscales to rescale, or the first fit kept) is a
-    ``ConvergenceWarning`` that names the cause with its numbers (with the hyperparameters
-    fixed, a flat prior is the kernel's choice and is not reported); partial_fit checks its
+    ``ConvergenceWarning`` that names the cause with its numbers, as is a kernel fixed
+    (``optimize_hyperparameters=False``) at such a flat prior ("flat"); partial_fit checks its
     first chunk's model.
 """
 

@@ -343,14 +343,21 @@ def test_a_flat_start_that_remains_is_a_convergence_warning(how):
 
 
 @pytest.mark.parametrize("Estimator", [VGPClassifier, SVGPClassifier])
-def test_fixed_hyperparameters_are_not_searched_again(Estimator):
-    # A kernel variance the user fixed is theirs: no second search replaces it (nor is it
-    # warned about: kernels.diagnose's "stalled" check needs a search, see the Notes).
+def test_fixed_hyperparameters_are_not_searched_again_but_a_flat_prior_warns(Estimator):
+    # A kernel variance the user fixed is theirs: no second search replaces it. At 1e-8 the
+    # model is its prior mean (probabilities 0.5 everywhere), and the fit says so ("flat"); a
+    # fixed kernel at the latent scale fits without a word.
     X, ys = _data()
     kw = dict(n_inducing=20, random_state=0) if Estimator is SVGPClassifier else {}
     est = Estimator(kernel=RBF(variance=1e-8), optimize_hyperparameters=False, **kw)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with pytest.warns(ConvergenceWarning, match=r"the kernel is fixed .* at RBF\(variance="
+                      r".*variance of only .*optimize_hyperparameters=True") as record:
         est.fit(X, ys["binary"])
+    assert [w.filename for w in record if "is fixed" in str(w.message)] == [__file__]
     kernel = est.kernel_ if Estimator is VGPClassifier else est.model_.kernel
     assert est.restart_ is None and kernel.variance == pytest.approx(1e-8, rel=1e-12)
+    assert np.ptp(est.predict_proba(X)[:, 1]) < 1e-3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Estimator(kernel=RBF(variance=1.0), optimize_hyperparameters=False, **kw).fit(
+            X, ys["binary"])
