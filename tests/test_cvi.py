@@ -101,6 +101,27 @@ def test_pickle_leaves_out_the_predictive_factor(rng):
     assert np.array_equal(copy.predictive_factor_, clf.predictive_factor_)
 
 
+def test_default_block_size_is_32_below_1500_points_and_64_from_there(rng, monkeypatch):
+    # The block size changes the work (the O(b^2 N) recursion inside each block) but not the
+    # iterations or the bound: the default takes the faster one for the size.
+    X = rng.standard_normal((200, 3))
+    y = (X[:, 0] + 0.5 * rng.standard_normal(200) > 0).astype(int)
+
+    def fit(**kw):
+        return VGPClassifier(kernel=RBF(variance=30.0, lengthscale=1.0),
+                             optimize_hyperparameters=False, **kw).fit(X, y)
+
+    b32, b64, default = fit(block_size=32), fit(block_size=64), fit()
+    assert b32.inference_info_["flops"] < b64.inference_info_["flops"]
+    assert b32.bound_ == pytest.approx(b64.bound_, rel=1e-12)
+    assert b32.inference_info_["iterations"] == b64.inference_info_["iterations"]
+    assert default.inference_info_["flops"] == b32.inference_info_["flops"]
+    monkeypatch.setattr(pygpfast.cvi, "_SMALL_BLOCKS_BELOW", 200)
+    assert fit().inference_info_["flops"] == b64.inference_info_["flops"]
+    with pytest.raises(ValueError, match="block_size must be an int >= 1"):
+        fit(block_size=0)
+
+
 def test_default_search_tolerance_reaches_the_tight_optimum(rng):
     # The search stops at 100 tol (default tol = 1e-8): the bound and the predictions must be
     # those of a search run to 1e-12.
