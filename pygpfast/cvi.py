@@ -77,22 +77,6 @@ _ORDINAL_BLOCK = 4096
 #: evaluations; with 1e-8 and 100, 27 to a bound 5e-3 lower (1e-5 relative) and the same
 #: hold-out NLPD and accuracy to four digits.
 _SEARCH_TOL_FACTOR = 100.0
-# Algorithm 1's sweeps apply their rank-one updates of V in blocks of b coordinates (one
-# rank-b BLAS-3 update each, after an O(b^2 N) recursion within the block). Below this many
-# points rank-32 blocks are faster, from it 64 (fixed-kernel inferences, same iterations and
-# bound, 2 threads, 2026-11-25: digits, N = 450 and ten classes, 3.3 to 3.9 s with 32 against
-# 4.1 to 5.0 s with 64, the hyperparameter search 48 to 52 s against 54 to 65 s; three classes
-# at N = 1000 3.3 to 3.8 s against 3.9 to 4.1 s; N = 700 and 2000 logit the same either way;
-# 128 at N = 450 three times slower).
-_SMALL_BLOCKS_BELOW = 1500
-
-
-def _block_size(block_size, N):
-    """The sweeps' block size: `block_size`, or for None 32 below _SMALL_BLOCKS_BELOW points
-    and 64 from there."""
-    if block_size is not None:
-        return int(block_size)
-    return 32 if N < _SMALL_BLOCKS_BELOW else 64
 #: Flops charged per (alpha, lambda) coordinate for one L-BFGS-B iteration (two-loop recursion
 #: with 10 pairs and the bound projections); negligible next to the O(N^3) objective.
 _LBFGS_FLOPS_PER_COORDINATE = 50
@@ -276,8 +260,8 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
     tol : float
         Relative tolerance on the bound (<= 0: run max_iter iterations).
     block_size : int or None
-        Coordinates per BLAS-3 block of Algorithm 1 (1: literal rank-one updates). None: 32
-        below 1500 points, 64 from there (the faster on a 2-core machine).
+        Coordinates per BLAS-3 block of Algorithm 1 (1: literal rank-one updates). None: the
+        core's choice by N, 32 below 1500 points and 64 from there (the faster).
     skip_tol : float
         Algorithm 1 leaves a coordinate whose variance would change by less than this fraction
         (not with the multinomial bound, whose Newton steps for the means need its site
@@ -313,7 +297,7 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
                          max_iter, tol)
     info, a, lam, V = _core.cvi_infer(
         *local_bound._core_args(), y, Sigma, mean, alpha, lambda_, int(max_iter), float(tol),
-        _block_size(block_size, N), _MAX_NEWTON, float(skip_tol), bool(return_V))
+        block_size or 0, _MAX_NEWTON, float(skip_tol), bool(return_V))
     history = info.pop("history")
     return InferenceResult(info["bound"], a, lam, V, history, info["iterations"],
                            info["converged"], info)
@@ -637,11 +621,7 @@ class _VGPEstimator(KernelParams, BaseEstimator):
                       f"{time.perf_counter() - self._clock:.1f} s", flush=True)
         held.release()
         if found is not None:
-            suffix = ""
-            if self.restart_ is not None:
-                suffix = _second_search_clause(self.restart_["kept"], *self.restart_["bounds"],
-                                               "bound")
-            found.warn(stacklevel=3, suffix=suffix)
+            found.warn(stacklevel=3, suffix=_second_search_clause(self.restart_, "bound"))
         if not info["converged"]:
             warnings.warn(f"{self.method} inference did not converge in inner_max_iter="
                           f"{self.inner_max_iter} iterations; increase it or tol",
@@ -752,8 +732,8 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         codes, params = hyper.kernel._spec(X.shape[1])
         step, *_ = _core.cvi_fit_step(
             codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter,
-            alpha, np.maximum(lam, 0.0), 1, self.tol, _block_size(self.block_size, X.shape[0]),
-            _MAX_NEWTON, np.sqrt(self.tol), False, False)
+            alpha, np.maximum(lam, 0.0), 1, self.tol, self.block_size or 0, _MAX_NEWTON,
+            np.sqrt(self.tol), False, False)
         gap = step["bound"] - bound
         # (L-BFGS-B's ftol bounds one step's relative gain, not the distance to the optimum,
         # which stays well above tol on any run: hence sqrt(tol), 1e-4 for the default.)
@@ -812,8 +792,8 @@ class _VGPEstimator(KernelParams, BaseEstimator):
             alpha, lam, max_iter = oa.alpha, oa.lambda_, 0  # the core then only differentiates
         info, alpha, lam, grads, _ = _core.cvi_fit_step(
             codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter, alpha,
-            lam, max_iter, self.tol, _block_size(self.block_size, X.shape[0]), _MAX_NEWTON,
-            np.sqrt(self.tol), True, False)
+            lam, max_iter, self.tol, self.block_size or 0, _MAX_NEWTON, np.sqrt(self.tol), True,
+            False)
         if self.method == "opper-archambeau":
             info.update({k: v for k, v in oa.info.items() if k != "bound"},
                         history=oa.history, converged=oa.converged)
@@ -857,7 +837,7 @@ _COMMON_DOC = """
         that accurate, so the search cannot resolve smaller changes).
     block_size : int or None
         Coordinates per BLAS-3 block of Algorithm 1 (1: the literal rank-one updates). None
-        (default): 32 below 1500 training points, 64 from there.
+        (default): the core's choice by N, 32 below 1500 training points and 64 from there.
     jitter : float
         Added to the diagonal of K(X, X), relative to its mean diagonal: it keeps the rank-one
         updates of V accurate when K is numerically singular.

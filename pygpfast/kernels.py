@@ -52,12 +52,16 @@ def hyper_bounds(theta0):
     return np.minimum(lo, theta0 + lo), np.maximum(hi, theta0 + hi)
 
 
+def _query_rows(n, max_rows):
+    """At most `max_rows` evenly spaced row indices of n rows."""
+    return np.unique(np.linspace(0, n - 1, min(n, max_rows)).astype(np.intp))
+
+
 def prior_spread(kernel, X, max_rows=300):
     """How much a draw f from the prior N(0, K) varies across the rows of X [N, D]: the mean
     variance of f(x_i) about its average over the rows, mean_i K_ii - mean_ij K_ij (>= 0), on
     at most `max_rows` evenly spaced rows (a float)."""
-    idx = np.unique(np.linspace(0, X.shape[0] - 1, min(X.shape[0], max_rows)).astype(np.intp))
-    K = kernel(np.asarray(X[idx], dtype=np.float64))
+    K = kernel(np.asarray(X[_query_rows(X.shape[0], max_rows)], dtype=np.float64))
     return max(0.0, float(np.mean(np.diag(K)) - np.mean(K)))
 
 
@@ -106,10 +110,6 @@ def _varying_part(kernel):
     if not kept:
         return None
     return kept[0] if len(kept) == 1 else Sum(kept)
-
-
-def _query_rows(n, max_rows):
-    return np.unique(np.linspace(0, n - 1, min(n, max_rows)).astype(np.intp))
 
 
 def nearest_correlation(kernel, X, Z=None, max_rows=1000, block=64):

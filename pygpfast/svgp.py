@@ -328,13 +328,17 @@ def _both_constant(first, second, scaled, X, scale):
             and all(_kernels.latent_is_constant(k, X, scale) for k in (first, second)))
 
 
-def _second_search_clause(kept, first, second, objective):
-    """What a degenerate fit's warning adds after a second search (restart_): `kept` is
-    restart_["kept"], `first` and `second` the two searches' `objective` ("bound", "ELBO")."""
+def _second_search_clause(restart, objective):
+    """What a degenerate fit's warning adds about the second search recorded in `restart`
+    (restart_, with the two searches' `objective`, "bound" or "ELBO", under its plural key):
+    "" when there was none."""
+    if restart is None:
+        return ""
+    first, second = restart[objective.lower() + "s"]
     return ("; a second search, from a kernel variance and lengthscales set by the data's "
             "scale, "
             + (f"reached a lower {objective} ({second:.6g} against {first:.6g})"
-               if kept == "given" else
+               if restart["kept"] == "given" else
                f"was kept for its higher {objective} ({second:.6g} against {first:.6g}), and "
                f"is degenerate too"))
 
@@ -583,12 +587,9 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                         found = None  # (both starts agree: the data show no signal)
         held.release()
         if found is not None:
-            suffix = ""
-            if self.restart_ is not None:
-                suffix = _second_search_clause(self.restart_["kept"], *self.restart_["elbos"],
-                                               "ELBO")
-            elif (self.optimize_hyperparameters and not full_batch
-                  and _has_stationary_leaf(start)):
+            suffix = _second_search_clause(self.restart_, "ELBO")
+            if (self.restart_ is None and self.optimize_hyperparameters and not full_batch
+                    and _has_stationary_leaf(start)):
                 suffix = (f"; the full-batch optimizer='lbfgs' would search again from "
                           f"there, {self.optimizer_!r} does not")
             found.warn(stacklevel=3, suffix=suffix)

@@ -101,7 +101,7 @@ def test_pickle_leaves_out_the_predictive_factor(rng):
     assert np.array_equal(copy.predictive_factor_, clf.predictive_factor_)
 
 
-def test_default_block_size_is_32_below_1500_points_and_64_from_there(rng, monkeypatch):
+def test_default_block_size_is_32_below_1500_points_and_64_from_there(rng):
     # The block size changes the work (the O(b^2 N) recursion inside each block) but not the
     # iterations or the bound: the default takes the faster one for the size.
     X = rng.standard_normal((200, 3))
@@ -116,8 +116,16 @@ def test_default_block_size_is_32_below_1500_points_and_64_from_there(rng, monke
     assert b32.bound_ == pytest.approx(b64.bound_, rel=1e-12)
     assert b32.inference_info_["iterations"] == b64.inference_info_["iterations"]
     assert default.inference_info_["flops"] == b32.inference_info_["flops"]
-    monkeypatch.setattr(pygpfast.cvi, "_SMALL_BLOCKS_BELOW", 200)
-    assert fit().inference_info_["flops"] == b64.inference_info_["flops"]
+    # From 1500 points, 64 (one iteration of the core's inference on a 1500-point prior).
+    Xl = rng.standard_normal((1500, 2))
+    Sigma = RBF(lengthscale=1.0)(Xl) + 1e-6 * np.eye(1500)
+    yl = (Xl[:, 0] > 0).astype(float)
+
+    def infer(**kw):
+        return pygpfast.cvi.infer(Sigma, yl, pygpfast.cvi.LocalBound("logit"), max_iter=1,
+                                  tol=-1.0, **kw).info["flops"]
+
+    assert infer() == infer(block_size=64) != infer(block_size=32)
     with pytest.raises(ValueError, match="block_size must be an int >= 1"):
         fit(block_size=0)
 

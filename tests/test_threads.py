@@ -188,15 +188,16 @@ def test_one_blas_thread_scopes_in_threads_restore_the_count(monkeypatch, restor
 
 def test_a_fit_with_parallel_blas_loops_leaves_the_blas_count(restore_threads):
     # The same within one fit: each OpenMP thread of the core's parallel regions whose items
-    # call BLAS (VGP's rank-b updates of V at N >= ~700) set one BLAS thread and put back what
-    # it found; one VGPClassifier fit at N = 1500 left scipy's BLAS, which scipy.linalg and the
-    # core use, on one thread for the rest of the process.
+    # call BLAS (VGP's rank-b updates of V, threaded from b N^2 = 3e7 flops: N >= ~700 with
+    # b = 64) set one BLAS thread and put back what it found; one VGPClassifier fit at
+    # N = 1500 left scipy's BLAS, which scipy.linalg and the core use, on one thread for the
+    # rest of the process.
     if not (pygpfast._core.blas_thread_control and pygpfast._core.openmp_enabled()):
         pytest.skip("needs OpenMP and a BLAS whose thread count can be set")
     pygpfast.set_num_threads(2)
     before = _blas_counts()
     rng = np.random.default_rng(0)
     X = rng.standard_normal((1000, 2))
-    pygpfast.VGPClassifier(optimize_hyperparameters=False, inner_max_iter=3).fit(
+    pygpfast.VGPClassifier(optimize_hyperparameters=False, inner_max_iter=3, block_size=64).fit(
         X, X[:, 0] > 0)
     assert _blas_counts() == before

@@ -148,7 +148,9 @@ struct Options {
                                //   tol * max(1, |bound|), or when the site residuals predict
                                //   less than that for the next one (cvi.cpp); a negative tol
                                //   runs all max_iter iterations
-  index_t block_size = 64;     // coordinates per block; 1 = literal rank-one updates (BLAS 2)
+  index_t block_size = 0;      // coordinates per block; 1 = literal rank-one updates (BLAS 2);
+                               //   0 = by the problem's size (cvi.cpp: 32 below 1500 points,
+                               //   64 from there)
   double skip_tol = 0.0;       // a coordinate whose variance would change by at most
                                //   skip_tol * v is left as it is (no rank-one update);
                                //   not for Multinomial, whose Newton steps for the means
