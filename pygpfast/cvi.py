@@ -19,7 +19,11 @@ Two methods reach the same optimum of the same bound:
 * ``"fixed-point"``: Algorithm 1 of the seed. Coordinate ascent on the diagonal of V^-1 with
   the scalar fixed-point iteration of eq. (16) (accelerated and guarded), rank-one updates of V
   (eqs. 19-20; applied in blocks as BLAS-3 updates, ``block_size=1`` is the literal BLAS-2
-  algorithm), then Newton's method for the means (eq. 21). See ``csrc/include/pygpfast/cvi.hpp``.
+  algorithm), then Newton's method for the means (eq. 21). Where that alternation converges
+  slowly (large prior variances; not for the multinomial bound), the means' step becomes Newton's
+  step for the bound maximised over the site precisions, which anticipates the next sweep: about
+  half the iterations of the seed's alternation there (``coupled_means=False`` in :func:`infer`
+  runs the seed's). See ``csrc/include/pygpfast/cvi.hpp``.
 * ``"opper-archambeau"``: the reparameterisation of eq. (11), m = mean + Sigma alpha,
   V = (Sigma^-1 + diag(lambda))^-1, optimised over (alpha, lambda >= 0) by L-BFGS-B. The
   seed's baseline: on ill-conditioned priors (large variances, long length scales) it can stop
@@ -241,7 +245,8 @@ def _mean_vector(mean, L):
 
 
 def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method="fixed-point",
-          max_iter=200, tol=1e-10, block_size=None, skip_tol=0.0, return_V=False):
+          max_iter=200, tol=1e-10, block_size=None, skip_tol=0.0, coupled_means=True,
+          return_V=False):
     """Maximise the bound over q for the prior N(mean_l, Sigma) of each latent function.
 
     Parameters
@@ -266,6 +271,11 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
         Algorithm 1 leaves a coordinate whose variance would change by less than this fraction
         (not with the multinomial bound, whose Newton steps for the means need its site
         precisions at their fixed point lambda = p).
+    coupled_means : bool
+        Where the iterations converge slowly, a step for the means that anticipates the next
+        sweep (Newton's step for the bound maximised over the site precisions; not in the seed,
+        and not for the multinomial bound: see ``csrc/include/pygpfast/cvi.hpp``): at large
+        prior variances about half the iterations. False runs the seed's Algorithm 1 as written.
     return_V : bool
         Also return the posterior covariances (fixed-point method).
 
@@ -297,7 +307,7 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
                          max_iter, tol)
     info, a, lam, V = _core.cvi_infer(
         *local_bound._core_args(), y, Sigma, mean, alpha, lambda_, int(max_iter), float(tol),
-        block_size or 0, _MAX_NEWTON, float(skip_tol), bool(return_V))
+        block_size or 0, _MAX_NEWTON, float(skip_tol), bool(coupled_means), bool(return_V))
     history = info.pop("history")
     return InferenceResult(info["bound"], a, lam, V, history, info["iterations"],
                            info["converged"], info)
@@ -821,8 +831,9 @@ _COMMON_DOC = """
     n_pieces : int
         Its number of pieces, 3 to 20.
     method : {"fixed-point", "opper-archambeau"}
-        Algorithm 1 of seed 004 (default) or L-BFGS-B on the Opper-Archambeau
-        reparameterisation (eq. 11); both maximise the same bound.
+        Algorithm 1 of seed 004 (default; with the coupled mean steps of :func:`infer`) or
+        L-BFGS-B on the Opper-Archambeau reparameterisation (eq. 11); both maximise the same
+        bound.
     optimize_hyperparameters : bool
         Learn the kernel parameters (and the prior means and ordinal thresholds) by maximising
         the bound with L-BFGS-B.

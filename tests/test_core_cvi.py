@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from scipy import integrate, special
+from scipy import integrate, optimize, special
 
 import pygpfast
 from pygpfast import LinAlgError, _core, cvi
@@ -348,6 +348,114 @@ def test_bound_never_decreases_for_large_prior_variance():
     assert r.converged
     assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
     assert r.info["refused_solves"] == 0 and r.info["bracketed_solves"] > 0
+
+
+# ------------------------------------------------------------- coupled mean steps (cvi.hpp)
+
+def _dense_V(Sigma, lam):
+    """(Sigma^-1 + diag(lam))^-1 through B = I + Lambda^1/2 Sigma Lambda^1/2."""
+    s = np.sqrt(np.maximum(lam, 0.0))
+    C = np.linalg.cholesky(np.eye(len(lam)) + s[:, None] * Sigma * s[None, :])
+    T = np.linalg.solve(C, s[:, None] * Sigma)
+    return Sigma - T.T @ T
+
+
+def _dense_sweep(Sigma, y, lb, alpha, lam):
+    """One literal sweep of Algorithm 1 at m = Sigma alpha (one latent): the site precisions
+    after it, each scalar problem solved by bracketing its stationarity condition."""
+    lam = lam.copy()
+    V = _dense_V(Sigma, lam)
+    m = Sigma @ alpha
+    for i in range(len(y)):
+        v_old = V[i, i]
+        c = 1.0 / v_old - lam[i]
+
+        def stationarity(u):  # v d/dv [log v - c v + 2 f_b(v)] at v = e^u
+            v = np.exp(u)
+            dv = lb(y[i:i + 1], m[None, i:i + 1], np.array([[v]]))[2][0, 0]
+            return 1.0 - c * v + 2.0 * dv * v
+
+        lo = hi = np.log(v_old)
+        while stationarity(lo) < 0:
+            lo -= 1.0
+        while stationarity(hi) > 0:
+            hi += 1.0
+        v = np.exp(optimize.brentq(stationarity, lo, hi, xtol=1e-14, rtol=1e-14)) if lo < hi else v_old
+        lam[i] = 1.0 / v - c
+        V += (v - v_old) / v_old**2 * np.outer(V[:, i], V[:, i])
+    return lam
+
+
+def test_a_coupled_iteration_matches_a_dense_reference():
+    # The first coupled iteration (coupled step, then a sweep) from the core's own state after
+    # the iterations of Algorithm 1 before it, redone with dense matrices: the 2N x 2N system
+    # of cvi.hpp solved directly, then a literal sweep.
+    X, y, kernel, lb = _problem("logit", N=40, variance=400.0, lengthscale=2.0)
+    Sigma = kernel(X)
+    k = next(k for k in range(2, 12)
+             if cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=k).info["coupled_steps"] == 1)
+    before = cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=k - 1)
+    after = cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=k)
+    assert before.info["coupled_steps"] == 0
+    a, lam = before.alpha[0], before.lambda_[0]
+    V = _dense_V(Sigma, lam)
+    m, v = Sigma @ a, np.diag(V)
+    _, gm, gv, d2m, _ = (x[0] if x.ndim == 2 else x for x in lb(y, m[None], v[None]))
+    h = 1e-4 * v
+    up, down = lb(y, m[None], (v + h)[None]), lb(y, m[None], (v - h)[None])
+    fmv, fvv = (up[1][0] - down[1][0]) / (2 * h), (up[2][0] - down[2][0]) / (2 * h)
+    N, W, I = len(y), V * V, np.eye(len(y))
+    A = np.block([[I - V * (lam + d2m)[None, :], -V * fmv[None, :]],
+                  [-2 * W * fmv[None, :], I - 2 * W * fvv[None, :]]])
+    x = np.linalg.solve(A, np.concatenate([V @ (gm - a), W @ (lam + 2 * gv)]))
+    a_new = gm + d2m * x[:N] + fmv * x[N:]
+    np.testing.assert_allclose(after.alpha[0], a_new, rtol=1e-6, atol=1e-9 * np.abs(a_new).max())
+    np.testing.assert_allclose(after.lambda_[0], _dense_sweep(Sigma, y, lb, a_new, lam), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind, variance, lengthscale", [
+    ("logit", 403.0, 1.0), ("stick-breaking", 403.0, 1.0), ("ordinal", 1e4, 1.0),
+    ("poisson", 20.0, 0.3)])
+def test_coupled_mean_steps_reach_algorithm_1s_optimum_in_fewer_iterations(kind, variance,
+                                                                          lengthscale):
+    X, y, kernel, lb = _problem(kind, N=60, variance=variance, lengthscale=lengthscale)
+    Sigma = kernel(X)
+    literal = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=500, coupled_means=False)
+    coupled = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=500)
+    assert literal.converged and coupled.converged
+    assert literal.info["coupled_steps"] == 0
+    assert coupled.info["coupled_steps"] >= 2 and coupled.info["undone_coupled_steps"] == 0
+    assert coupled.bound == pytest.approx(literal.bound, rel=1e-10)
+    np.testing.assert_allclose(coupled.alpha, literal.alpha, rtol=0,
+                               atol=1e-5 * np.abs(literal.alpha).max())
+    np.testing.assert_allclose(coupled.lambda_, literal.lambda_, rtol=1e-4, atol=1e-8)
+    assert coupled.iterations < 0.7 * literal.iterations
+    assert coupled.info["flops"] < literal.info["flops"]
+    hist = coupled.history[:, 0]
+    assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
+
+
+def test_an_undone_coupled_iteration_falls_back_to_algorithm_1():
+    # Prior variance 1e6: a coupled iteration whose sweep would lower the bound is undone and
+    # run as Algorithm 1's; the run still ends at Algorithm 1's optimum, monotone.
+    X, y, kernel, lb = _problem("ordinal", N=80, seed=1, variance=1e6, lengthscale=3.0)
+    Sigma = kernel(X)
+    literal = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=500, coupled_means=False)
+    coupled = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=500)
+    assert coupled.info["undone_coupled_steps"] >= 1 and coupled.info["coupled_steps"] >= 1
+    assert literal.converged and coupled.converged
+    assert coupled.bound == pytest.approx(literal.bound, rel=1e-10)
+    hist = coupled.history[:, 0]
+    assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
+
+
+def test_the_multinomial_bound_runs_algorithm_1_whatever_coupled_means():
+    X, y, kernel, lb = _problem("multinomial", variance=50.0)
+    Sigma = kernel(X)
+    runs = [cvi.infer(Sigma, y, lb, tol=1e-12, coupled_means=c) for c in (False, True)]
+    assert runs[1].info["coupled_steps"] == 0 and runs[1].iterations == runs[0].iterations
+    assert np.array_equal(runs[0].alpha, runs[1].alpha)
+    assert np.array_equal(runs[0].lambda_, runs[1].lambda_)
 
 
 def test_V_stays_symmetric_positive_definite_through_thousands_of_updates():

@@ -30,8 +30,9 @@ const double* as_latent_array(const py::array& x, const char* name, index_t L, i
 }
 
 cvi::Options make_options(int max_iter, double tol, index_t block_size, int max_newton,
-                          double skip_tol) {
+                          double skip_tol, bool coupled_means) {
   cvi::Options opt;
+  opt.coupled_means = coupled_means;
   opt.skip_tol = skip_tol;
   opt.max_iter = max_iter;
   opt.tol = tol;
@@ -52,6 +53,8 @@ py::dict result_dict(const cvi::Result& r) {
   d["damped_sweeps"] = r.damped_sweeps;
   d["bracketed_solves"] = r.bracketed_solves;
   d["refused_solves"] = r.refused_solves;
+  d["coupled_steps"] = r.coupled_steps;
+  d["undone_coupled_steps"] = r.undone_coupled_steps;
   auto h = new_matrix(static_cast<index_t>(r.history.size()), 4);
   for (std::size_t i = 0; i < r.history.size(); ++i) {
     double* row = h.mutable_data() + 4 * i;
@@ -110,7 +113,7 @@ void bind_cvi(py::module_& m) {
          const py::array& c, int num_classes, const py::array& thresholds, const py::array& y,
          const py::array& Sigma, const py::array& mean, const py::array& alpha,
          const py::array& lambda, int max_iter, double tol, index_t block_size, int max_newton,
-         double skip_tol, bool return_V) {
+         double skip_tol, bool coupled_means, bool return_V) {
         const auto lb = make_local_bound(kind, knots, a, b, c, num_classes, thresholds);
         const ConstMatrixView S = as_matrix(Sigma, "Sigma");
         const index_t N = S.rows, L = lb.num_latent();
@@ -118,7 +121,7 @@ void bind_cvi(py::module_& m) {
         const double* mv = as_vector(mean, "mean", L);
         auto al = copy_of(as_latent_array(alpha, "alpha", L, N), L, N);
         auto la = copy_of(as_latent_array(lambda, "lambda", L, N), L, N);
-        const auto opt = make_options(max_iter, tol, block_size, max_newton, skip_tol);
+        const auto opt = make_options(max_iter, tol, block_size, max_newton, skip_tol, coupled_means);
         py::array_t<double> V;
         if (return_V) V = new_array3(L, N, N);
         cvi::Result r;
@@ -131,7 +134,8 @@ void bind_cvi(py::module_& m) {
       },
       PYGPFAST_LOCAL_BOUND_ARGS, py::arg("y"), py::arg("Sigma"), py::arg("mean"),
       py::arg("alpha"), py::arg("lambda_"), py::arg("max_iter"), py::arg("tol"),
-      py::arg("block_size"), py::arg("max_newton"), py::arg("skip_tol"), py::arg("return_V"),
+      py::arg("block_size"), py::arg("max_newton"), py::arg("skip_tol"), py::arg("coupled_means"),
+      py::arg("return_V"),
       "Algorithm 1 of seed 004 from (alpha, lambda) [L, N] for the prior N(mean_l, Sigma). "
       "Returns (result dict, alpha, lambda, V [L, N, N] or None).");
 
@@ -151,7 +155,7 @@ void bind_cvi(py::module_& m) {
         const double* mv = as_vector(mean, "mean", L);
         auto al = copy_of(as_latent_array(alpha, "alpha", L, N), L, N);
         auto la = copy_of(as_latent_array(lambda, "lambda", L, N), L, N);
-        const auto opt = make_options(max_iter, tol, block_size, max_newton, skip_tol);
+        const auto opt = make_options(max_iter, tol, block_size, max_newton, skip_tol, true);
         auto dk = new_vector(kernel.num_params()), dmean = new_vector(L),
              dphi = new_vector(lb.num_thresholds());
         py::array_t<double> Pi;

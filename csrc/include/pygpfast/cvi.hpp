@@ -45,6 +45,36 @@
 // (block_size = 1, BLAS 2, one DSYR per coordinate), with the same N^3 flops per sweep run as
 // BLAS 3 instead of memory-bound BLAS 2. Only the lower triangle of V is updated during a sweep.
 //
+// Coupled mean steps (Options::coupled_means; not in the seed). Where the prior variance is
+// large the means and the site precisions are strongly coupled and the alternation of (a) and
+// (b) converges only linearly: (b) moves m to the optimum for the old lambda, which the next
+// sweep moves (on ionosphere at prior variance 403 the bound's increments fall by about 0.27 per
+// iteration). Where Algorithm 1 converges that slowly, an iteration is instead a Newton step for
+// the reduced objective F~(m) = max_lambda F(m, lambda), followed by a sweep. With W = V o V (a
+// change dlambda of the site precisions moves the variances by dv = -W dlambda), r = lambda +
+// 2 g^v and the local second derivatives F_mm, F_mv, F_vv (diagonal: the bounds below are
+// separable over latents and points), the step (dm, dv) solves
+//     (I - V (Lambda + F_mm)) dm - V F_mv dv = V (g^m - alpha)     [Newton's row for m, times V]
+//     -2 W F_mv dm + (I - 2 W F_vv) dv      = W r                [lambda = -2 g^v, linearised]
+// per latent (the system is block diagonal over latents), by GMRES whose products are two SYMVs,
+// with V_l and with W_l (formed once per step in B's lower triangle); about 10 to 30 products reach
+// the relative residual 1e-9. Then dalpha = g^m - alpha + F_mm dm + F_mv dv. The step is
+// taken whole: it aims at the bound after the sweep, not at the old lambda. It is tried once an
+// iteration has gained at least 5% of the one before, and the next sweep would change no
+// variance by more than half (cvi.cpp); from there on in every iteration. An iteration whose
+// sweep ends below the previous bound is undone (means included) and run as Algorithm 1's, and
+// after two such (or a GMRES that does not converge) the run goes on with Algorithm 1 alone.
+// F_mm is d2m (these bounds are Gaussian expectations: df/dv = d2f/dm2 / 2), and F_mv and F_vv
+// come from central differences of g^m and g^v in v. A coupled iteration costs about 1.2 to 1.3
+// times one of Algorithm 1 (the GMRES products and W against the sweep's N^3 flops).
+// Measured (bench/README.md, Figure 1): at log sigma = 3 on ionosphere and glass
+// (stick-breaking) 6 to 8 iterations to the seed's criterion instead of 9 to 12, and 6 or 7 to
+// the optimum instead of 10 to 12, with 20 to 34% fewer flops; at log sigma <= 1 the same
+// counts as Algorithm 1 (no coupled step runs).
+// Not for the multinomial bound: its latents interact (F = -(diag p - p p^T) per point, with
+// the softmax's shift as a near-null direction), and its system needed over 100 GMRES products
+// even preconditioned by the means' Woodbury step, more than the sweeps it saves.
+//
 // Guards. The seed's argument that each scalar problem is concave does not hold for the
 // piecewise bounds (its expectation is not jointly concave in (m, v), and the bound jumps at its
 // breakpoints), and the scalar solve can meet the flat top of its objective in rounding: the
@@ -158,6 +188,9 @@ struct Options {
   int max_newton = 30;         // Newton iterations for m per outer iteration
   int max_damping = 8;         // halvings of rho for a sweep that lowers the bound
   bool record_history = true;  // fill Result::history
+  bool coupled_means = true;   // where Algorithm 1 converges slowly, the means' step anticipates
+                               //   the sweep (see "Coupled mean steps" above; not for
+                               //   Multinomial); false runs the seed's Algorithm 1 as written
 };
 
 // State after each outer iteration (index 0: the starting point).
@@ -179,6 +212,8 @@ struct Result {
   int damped_sweeps = 0;             // sweeps repeated with damping (bound would have dropped)
   int bracketed_solves = 0;          // scalar solves that left the plain fixed-point iteration
   int refused_solves = 0;            // scalar solves whose result was refused
+  int coupled_steps = 0;             // outer iterations made of a coupled mean step and a sweep
+  int undone_coupled_steps = 0;      // such iterations undone (the bound would have dropped)
   std::vector<Record> history;
 };
 
