@@ -19,11 +19,12 @@ Two methods reach the same optimum of the same bound:
 * ``"fixed-point"``: Algorithm 1 of the seed. Coordinate ascent on the diagonal of V^-1 with
   the scalar fixed-point iteration of eq. (16) (accelerated and guarded), rank-one updates of V
   (eqs. 19-20; applied in blocks as BLAS-3 updates, ``block_size=1`` is the literal BLAS-2
-  algorithm), then Newton's method for the means (eq. 21). Where that alternation converges
-  slowly (large prior variances; not for the multinomial bound), the means' step becomes Newton's
-  step for the bound maximised over the site precisions, which anticipates the next sweep: about
-  half the iterations of the seed's alternation there (``coupled_means=False`` in :func:`infer`
-  runs the seed's). See ``csrc/include/pygpfast/cvi.hpp``.
+  algorithm), then Newton's method for the means (eq. 21). From a cold start, where that
+  alternation converges slowly (large prior variances; not for the multinomial bound), the
+  means' step becomes Newton's step for the bound maximised over the site precisions, which
+  anticipates the next sweep: about half the iterations of the seed's alternation there
+  (``coupled_means=False`` in :func:`infer` runs the seed's). See
+  ``csrc/include/pygpfast/cvi.hpp``.
 * ``"opper-archambeau"``: the reparameterisation of eq. (11), m = mean + Sigma alpha,
   V = (Sigma^-1 + diag(lambda))^-1, optimised over (alpha, lambda >= 0) by L-BFGS-B. The
   seed's baseline: on ill-conditioned priors (large variances, long length scales) it can stop
@@ -272,8 +273,8 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
         (not with the multinomial bound, whose Newton steps for the means need its site
         precisions at their fixed point lambda = p).
     coupled_means : bool
-        Where the iterations converge slowly, a step for the means that anticipates the next
-        sweep (Newton's step for the bound maximised over the site precisions; not in the seed,
+        From a cold start (lambda = 0), where the iterations converge slowly, a step for the
+        means that anticipates the next sweep (Newton's step for the bound maximised over the site precisions; not in the seed,
         and not for the multinomial bound: see ``csrc/include/pygpfast/cvi.hpp``): at large
         prior variances about half the iterations. False runs the seed's Algorithm 1 as written.
     return_V : bool

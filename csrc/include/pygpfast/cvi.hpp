@@ -61,7 +61,8 @@
 // the relative residual 1e-9. Then dalpha = g^m - alpha + F_mm dm + F_mv dv. The step is
 // taken whole: it aims at the bound after the sweep, not at the old lambda. It is tried once an
 // iteration has gained at least 5% of the one before, and the next sweep would change no
-// variance by more than half (cvi.cpp); from there on in every iteration. An iteration whose
+// variance by more than half (cvi.cpp); from there on in every iteration; not from warm starts
+// (whose sweeps move few sites, where after a coupled step all move). An iteration whose
 // sweep ends below the previous bound is undone (means included) and run as Algorithm 1's, and
 // after two such (or a GMRES that does not converge) the run goes on with Algorithm 1 alone.
 // F_mm is d2m (these bounds are Gaussian expectations: df/dv = d2f/dm2 / 2), and F_mv and F_vv
