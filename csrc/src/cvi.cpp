@@ -13,7 +13,6 @@
 #include "pygpfast/errors.hpp"
 #include "pygpfast/linalg.hpp"
 #include "pygpfast/threads.hpp"
-#include "pygpfast/vmath.hpp"
 #include "pygpfast/workspace.hpp"
 
 namespace pygpfast::cvi {
