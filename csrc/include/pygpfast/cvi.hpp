@@ -57,20 +57,23 @@
 //     (I - V (Lambda + F_mm)) dm - V F_mv dv = V (g^m - alpha)     [Newton's row for m, times V]
 //     -2 W F_mv dm + (I - 2 W F_vv) dv      = W r                [lambda = -2 g^v, linearised]
 // per latent (the system is block diagonal over latents), by GMRES whose products are two SYMVs,
-// with V_l and with W_l (formed once per step in B's lower triangle); about 10 to 30 products reach
-// the relative residual 1e-9. Then dalpha = g^m - alpha + F_mm dm + F_mv dv. The step is
-// taken whole: it aims at the bound after the sweep, not at the old lambda. It is tried once an
-// iteration has gained at least 5% of the one before, and the next sweep would change no
-// variance by more than half (cvi.cpp); from there on in every iteration; not from warm starts
-// (whose sweeps move few sites, where after a coupled step all move). An iteration whose
+// with V_l and with W_l (formed once per step in B's lower triangle); 12 to 41 products (most
+// 20 to 30) reach the relative residual 1e-9. Then dalpha = g^m - alpha + F_mm dm + F_mv dv.
+// The step is taken whole: it aims at the bound after the sweep, not at the old lambda. It is
+// tried once an iteration has gained at least 5% of the one before (cvi.cpp), and from there on
+// in every iteration; not from warm starts (whose sweeps move few sites, where after a coupled
+// step all move). A coupled iteration ends the run on its own gain only: the sites' estimate of
+// the next gain (sweep_gain_estimate) assumes means at their optimum for the current lambda,
+// which only Newton's steps leave. An iteration whose
 // sweep ends below the previous bound is undone (means included) and run as Algorithm 1's, and
 // after two such (or a GMRES that does not converge) the run goes on with Algorithm 1 alone.
 // F_mm is d2m (these bounds are Gaussian expectations: df/dv = d2f/dm2 / 2), and F_mv and F_vv
-// come from central differences of g^m and g^v in v. A coupled iteration costs about 1.2 to 1.3
-// times one of Algorithm 1 (the GMRES products and W against the sweep's N^3 flops).
+// come from central differences of g^m and g^v in v. A coupled iteration costs about 1.1 to 1.3
+// times one of Algorithm 1 (the GMRES products and W against the sweep's N^3 flops; digits,
+// N = 450).
 // Measured (bench/README.md, Figure 1): at log sigma = 3 on ionosphere and glass
-// (stick-breaking) 6 to 8 iterations to the seed's criterion instead of 9 to 12, and 6 or 7 to
-// the optimum instead of 10 to 12, with 20 to 34% fewer flops; at log sigma <= 1 the same
+// (stick-breaking) 6 or 7 iterations to the seed's criterion instead of 9 to 12, and 6 or 7 to
+// the optimum instead of 10 to 12, with 24 to 41% fewer flops; at log sigma <= 1 the same
 // counts as Algorithm 1 (no coupled step runs).
 // Not for the multinomial bound: its latents interact (F = -(diag p - p p^T) per point, with
 // the softmax's shift as a near-null direction), and its system needed over 100 GMRES products
