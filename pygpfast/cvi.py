@@ -19,10 +19,11 @@ Two methods reach the same optimum of the same bound:
 * ``"fixed-point"``: Algorithm 1 of the seed. Coordinate ascent on the diagonal of V^-1 with
   the scalar fixed-point iteration of eq. (16) (accelerated and guarded), rank-one updates of V
   (eqs. 19-20; applied in blocks as BLAS-3 updates, ``block_size=1`` is the literal BLAS-2
-  algorithm), then Newton's method for the means (eq. 21). From a cold start, where that
-  alternation converges slowly (large prior variances; not for the multinomial bound), the
-  means' step becomes Newton's step for the bound maximised over the site precisions, which
-  anticipates the next sweep: about half the iterations of the seed's alternation there
+  algorithm), then Newton's method for the means (eq. 21). Where that alternation converges
+  slowly (large prior variances from a cold start; for the multinomial bound, whose latents are
+  coupled, warm starts too), the means' step becomes Newton's step for the bound maximised over
+  the site precisions, which anticipates the next sweep: about half the iterations of the
+  seed's alternation, and for the multinomial bound a fifth or less at large variances
   (``coupled_means=False`` in :func:`infer` runs the seed's). See
   ``csrc/include/pygpfast/cvi.hpp``.
 * ``"opper-archambeau"``: the reparameterisation of eq. (11), m = mean + Sigma alpha,
@@ -273,10 +274,12 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
         (not with the multinomial bound, whose Newton steps for the means need its site
         precisions at their fixed point lambda = p).
     coupled_means : bool
-        From a cold start (lambda = 0), where the iterations converge slowly, a step for the
-        means that anticipates the next sweep (Newton's step for the bound maximised over the site precisions; not in the seed,
-        and not for the multinomial bound: see ``csrc/include/pygpfast/cvi.hpp``): at large
-        prior variances about half the iterations. False runs the seed's Algorithm 1 as written.
+        Where the iterations converge slowly, a step for the means that anticipates the next
+        sweep (Newton's step for the bound maximised over the site precisions; not in the
+        seed; from cold starts, lambda = 0, and for the multinomial bound from any start: see
+        ``csrc/include/pygpfast/cvi.hpp``): at large prior variances about half the
+        iterations, for the multinomial bound a fifth or less. False runs the seed's
+        Algorithm 1 as written.
     return_V : bool
         Also return the posterior covariances (fixed-point method).
 
@@ -539,14 +542,15 @@ def _kernel_gradient_matrices(kernel):
     return 1
 
 
-def _fit_matrices(L, kernel):
+def _fit_matrices(L, kernel, multinomial=False):
     """N x N float64 matrices a fit holds at its peak (csrc/src/cvi.cpp, fit_step): Sigma, V_l
-    and their copy saved for the guarded sweep, and the Newton steps' B (2 L + 2); then, for the
-    gradient, Sigma, Pi_l (over V_l), B, G and the kernel gradient's scratch. The
+    and their copy saved for the guarded sweep, and the Newton steps' B (2 L + 2), with the
+    multinomial bound's coupled steps K_l and S (2 L + 4); then, for the gradient, Sigma, Pi_l
+    (over V_l), B, G and the kernel gradient's scratch. The
     Opper-Archambeau path holds K in Python where the core holds B. Measured peaks (resident
-    set, N = 3000): 5.2 N^2 doubles for "logit" and Poisson, 8.2 for "multinomial" with 3
-    classes, against 5 and 8 here."""
-    return max(2 * L + 2, L + 3 + _kernel_gradient_matrices(kernel))
+    set, N = 3000): 5.2 N^2 doubles for "logit" and Poisson, 10.3 for "multinomial" with 3
+    classes, against 5 and 10 here."""
+    return max(2 * L + 2 + 2 * bool(multinomial), L + 3 + _kernel_gradient_matrices(kernel))
 
 
 class _VGPEstimator(KernelParams, BaseEstimator):
@@ -579,10 +583,11 @@ class _VGPEstimator(KernelParams, BaseEstimator):
             raise ValueError(f"kernel must be a pygpfast.kernels.Kernel (an instance) or None, "
                              f"got {self.kernel!r}")
 
-    def _memory_plan(self, N, L, kernel):
-        """(N, bytes per N^2, what, advice) of a fit on N points with L latent functions, for
-        pygpfast._memory's check_fits and explain_memory_error."""
-        matrices = _fit_matrices(L, kernel)
+    def _memory_plan(self, N, local_bound, kernel):
+        """(N, bytes per N^2, what, advice) of a fit on N points with local_bound's latent
+        functions, for pygpfast._memory's check_fits and explain_memory_error."""
+        L = local_bound.num_latent
+        matrices = _fit_matrices(L, kernel, local_bound.likelihood == "multinomial")
         latents = f"{L} latent functions" if L > 1 else "1 latent function"
         what = (f"{type(self).__name__}.fit on N = {N} points ({latents}) holds {matrices} "
                 f"N x N float64 matrices at its peak, which")
@@ -598,7 +603,7 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         rs = check_random_state(self.random_state)
         kernel = copy.deepcopy(self.kernel) if self.kernel is not None else _default_kernel(X, rs)
         start = copy.deepcopy(kernel)
-        memory = self._memory_plan(X.shape[0], local_bound.num_latent, kernel)
+        memory = self._memory_plan(X.shape[0], local_bound, kernel)
         check_fits(*memory)
         mean = np.asarray(mean, dtype=np.float64)
         self._clock = time.perf_counter()

@@ -36,7 +36,7 @@ def test_available_bytes_is_positive_or_unknown():
     assert n is None or (isinstance(n, int) and n > 0)
 
 
-@pytest.mark.parametrize("likelihood, C, matrices", [("logit", 2, 5), ("multinomial", 3, 8),
+@pytest.mark.parametrize("likelihood, C, matrices", [("logit", 2, 5), ("multinomial", 3, 10),
                                                      ("ordinal", 4, 5)])
 def test_vgp_fit_refused_before_allocating(available, monkeypatch, likelihood, C, matrices):
     # Before: an N x N request that could not fit ran until the core's allocation failed with
