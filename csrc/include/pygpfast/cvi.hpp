@@ -88,7 +88,7 @@
 // where Algorithm 1 is slowest for this bound (the latents' coupling through p p^T). Measured:
 // the warm starts of a ten-class fit on scikit-learn's digits (N = 450) take 2 to 7 iterations
 // instead of 2 to 39, 5.5e11 instead of 8.3e11 flops for the whole fit; cold starts on glass at
-// log sigma = 3 44 to 49 iterations instead of 216 to 249 (bench/README.md).
+// log sigma = 3 49 to 53 iterations instead of 216 to 249 (bench/README.md).
 //
 // Guards. The seed's argument that each scalar problem is concave does not hold for the
 // piecewise bounds (its expectation is not jointly concave in (m, v), and the bound jumps at its
