@@ -85,10 +85,13 @@
 // latent, one more for all; about L N^3 flops, the price of a sweep). The step is scaled so that
 // no mean moves by more than 3 (a trust region: far from the optimum the linearised response of
 // the variances, W r, asks for means moving by hundreds); it is tried from warm starts too,
-// where Algorithm 1 is slowest for this bound (the latents' coupling through p p^T). Measured:
-// the warm starts of a ten-class fit on scikit-learn's digits (N = 450) take 2 to 7 iterations
-// instead of 2 to 39, 5.5e11 instead of 8.3e11 flops for the whole fit; cold starts on glass at
-// log sigma = 3 49 to 53 iterations instead of 216 to 249 (bench/README.md).
+// where Algorithm 1 is slowest for this bound (the latents' coupling through p p^T), but only
+// once each of the last two iterations gained at least half the one before (a coupled
+// iteration costs about two of Algorithm 1). Measured (bench/README.md): a ten-class fit on
+// scikit-learn's digits (N = 450) 6.6e11 instead of 8.3e11 flops, its slowest warm starts 8 or 9
+// iterations instead of 33 to 39; cold starts on glass at log sigma = 3 51 to 57 iterations
+// instead of 216 to 249; no more flops than Algorithm 1 where that converges in a few
+// iterations.
 //
 // Guards. The seed's argument that each scalar problem is concave does not hold for the
 // piecewise bounds (its expectation is not jointly concave in (m, v), and the bound jumps at its
