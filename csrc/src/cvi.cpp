@@ -149,16 +149,16 @@ constexpr double kCoupledRate = 0.05;
 // The multinomial bound's coupled iteration costs about twice one of Algorithm 1 (its step is
 // a sweep's L N^3 flops); it is tried once each of the last two iterations gained at least
 // this fraction of the one before. With the test above instead, a three-class fit (N = 600,
-// 40 inferences) took 164 instead of 139 GFLOP (coupled steps where Algorithm 1 converges in
-// 5 to 9 iterations anyway), and ten classes on scikit-learn's digits 5.5e11 against 6.6e11
-// (Algorithm 1 alone 8.3e11).
+// 40 inferences) took 164 GFLOP where this test and Algorithm 1 alone take 139 (coupled steps
+// where Algorithm 1 converges in 5 to 9 iterations anyway), and a ten-class fit on
+// scikit-learn's digits 5.5e11 flops where this test takes 6.6e11 (Algorithm 1 alone 8.3e11).
 constexpr double kCoupledRateMultinomial = 0.5;
 constexpr int kMaxUndoneCoupled = 2;
 constexpr double kCoupledSolveTol = 1e-9;
 constexpr int kCoupledMaxProducts = 300, kCoupledRestart = 50;
 constexpr double kSecondDerivativeStep = 1e-4;
 // The multinomial bound's trust region: no mean moves by more than this in one coupled step.
-// On glass (9 settings, cold and warm at 1.1 times the variance) and six synthetic problems,
+// Chosen with the 5% test above: on glass (9 settings, cold and warm at 1.1 times the variance) and six synthetic problems,
 // 1790 iterations and 67.1 GFLOP for Algorithm 1; with limits 1, 2, 3, 4, 5, 6: 819, 570, 487,
 // 458, 540, 892 iterations (34.4, 24.4, 21.6, 20.5, 25.5, 34.5 GFLOP), 0 to 12 of them undone;
 // without a limit 1429 (cold starts at large variance undid their first two and went on alone).
