@@ -844,7 +844,8 @@ _COMMON_DOC = """
         Learn the kernel parameters (and the prior means and ordinal thresholds) by maximising
         the bound with L-BFGS-B.
     max_iter : int
-        Hyperparameter iterations.
+        Hyperparameter iterations (L-BFGS-B). The ten-class stick-breaking fit on
+        scikit-learn's digits (65 kernel hyperparameters) converges in 115.
     inner_max_iter : int
         Iterations of the inference for fixed hyperparameters.
     tol : float
@@ -1011,7 +1012,7 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
     )
 
     def __init__(self, likelihood="logit", *, kernel=None, bound="quadratic", n_pieces=20,
-                 method="fixed-point", optimize_hyperparameters=True, max_iter=100,
+                 method="fixed-point", optimize_hyperparameters=True, max_iter=200,
                  inner_max_iter=200, tol=1e-8, block_size=None, jitter=1e-6, classes=None,
                  learn_mean=None, random_state=None, verbose=0, callback=None):
         self.likelihood = likelihood
@@ -1201,7 +1202,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         return tags
 
     def __init__(self, *, kernel=None, method="fixed-point", optimize_hyperparameters=True,
-                 max_iter=100, inner_max_iter=200, tol=1e-8, block_size=None, jitter=1e-6,
+                 max_iter=200, inner_max_iter=200, tol=1e-8, block_size=None, jitter=1e-6,
                  learn_mean=True, random_state=None, verbose=0, callback=None):
         self.kernel = kernel
         self.method = method
