@@ -23,9 +23,9 @@ Two methods reach the same optimum of the same bound:
   slowly (large prior variances from a cold start; for the multinomial bound, whose latents are
   coupled, warm starts too), the means' step becomes Newton's step for the bound maximised over
   the site precisions, which anticipates the next sweep: about half the iterations of the
-  seed's alternation, and for the multinomial bound a fifth or less at large variances
-  (``coupled_means=False`` in :func:`infer` runs the seed's). See
-  ``csrc/include/pygpfast/cvi.hpp``.
+  seed's alternation, and for the multinomial bound at large variances a quarter (cold starts)
+  to a tenth (warm starts) of them (``coupled_means=False`` in :func:`infer` runs the seed's).
+  See ``csrc/include/pygpfast/cvi.hpp``.
 * ``"opper-archambeau"``: the reparameterisation of eq. (11), m = mean + Sigma alpha,
   V = (Sigma^-1 + diag(lambda))^-1, optimised over (alpha, lambda >= 0) by L-BFGS-B. The
   seed's baseline: on ill-conditioned priors (large variances, long length scales) it can stop
@@ -278,7 +278,7 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
         sweep (Newton's step for the bound maximised over the site precisions; not in the
         seed; from cold starts, lambda = 0, and for the multinomial bound from any start: see
         ``csrc/include/pygpfast/cvi.hpp``): at large prior variances about half the
-        iterations, for the multinomial bound a fifth or less. False runs the seed's
+        iterations, for the multinomial bound a quarter to a tenth. False runs the seed's
         Algorithm 1 as written.
     return_V : bool
         Also return the posterior covariances (fixed-point method).

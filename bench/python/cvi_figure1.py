@@ -8,8 +8,7 @@ maximise the same bound for fixed hyperparameters from the same start (alpha = l
 
 * fixed point: Algorithm 1 with the literal rank-one updates (block_size=1, BLAS 2), run to a
   relative tolerance of 1e-12, twice: as the seed writes it (``coupled_means=False``) and as
-  pygpfast runs it, with coupled mean steps (csrc/include/pygpfast/cvi.hpp; not for the
-  multinomial bound);
+  pygpfast runs it, with coupled mean steps (csrc/include/pygpfast/cvi.hpp);
 * Opper-Archambeau: L-BFGS-B over (alpha, lambda >= 0) on eq. (11), to ftol 1e-13 or
   ``--oa-max-iter`` iterations.
 
@@ -137,8 +136,6 @@ def plot(name, rows, path):
                 ("alg1", "^-", "C1", "fixed point (Alg. 1 as in the seed)"),
                 ("fp", "o-", "C0", "fixed point, coupled mean steps"),
                 ("oa", "s-", "k", "Opper-Archambeau, L-BFGS")):
-            if key not in r:  # (results written before the coupled steps)
-                continue
             f = np.maximum(np.array(r[key]["flops"]), 1.0)
             b = -np.array(r[key]["bound"])
             n = len(b)

@@ -158,10 +158,11 @@ constexpr double kCoupledSolveTol = 1e-9;
 constexpr int kCoupledMaxProducts = 300, kCoupledRestart = 50;
 constexpr double kSecondDerivativeStep = 1e-4;
 // The multinomial bound's trust region: no mean moves by more than this in one coupled step.
-// Chosen with the 5% test above: on glass (9 settings, cold and warm at 1.1 times the variance) and six synthetic problems,
-// 1790 iterations and 67.1 GFLOP for Algorithm 1; with limits 1, 2, 3, 4, 5, 6: 819, 570, 487,
-// 458, 540, 892 iterations (34.4, 24.4, 21.6, 20.5, 25.5, 34.5 GFLOP), 0 to 12 of them undone;
-// without a limit 1429 (cold starts at large variance undid their first two and went on alone).
+// Chosen with the 5% test above: on glass (9 settings, cold and warm at 1.1 times the variance)
+// and six synthetic problems, 1790 iterations and 67.1 GFLOP for Algorithm 1; with limits 1 to
+// 6: 819, 570, 487, 458, 540, 892 iterations (34.4, 24.4, 21.6, 20.5, 25.5, 34.5 GFLOP), 0 to
+// 12 of them undone; without a limit 1429 (cold starts at large variance undid their first two
+// and went on alone).
 constexpr double kMultinomialStepLimit = 3.0;
 
 // Restarted GMRES (modified Gram-Schmidt, Givens rotations) for A x = b from x = 0, with
@@ -893,14 +894,15 @@ class Inference {
 
   // The coupled mean step (cvi.hpp): (dm, dv) by GMRES, then alpha += dalpha and m from alpha.
   // Returns false, with alpha and m as they were, where GMRES does not converge or the step is
-  // not finite. Reads g^m, g^v and d2m at the current (m, v) from dm_, dv_ and d2m_, which
-  // evaluate() left there (every iteration of run() ends with it).
+  // not finite. Reads g^m, g^v, d2m and r = lambda + 2 g^v at the current (m, v) from dm_, dv_,
+  // d2m_ and residual_, which evaluate() left there (every iteration of run() ends with it).
   bool coupled_step() {
     if (lb_.type == LocalBoundType::Multinomial) return coupled_step_multinomial();
     const index_t N = N_, L = L_, LN = L * N;
     // The separable bounds' second derivatives (their latents do not interact): F_mm = d2m and
     // F_mv, F_vv by central differences of g^m and g^v in v.
-    Buffer Fmm(d2m_), Fmv(LN), Fvv(LN);
+    const Buffer& Fmm = d2m_;
+    Buffer Fmv(LN), Fvv(LN);
     {
       Buffer vp(LN), vn(LN), dmp(LN), dvp(LN), dmn(LN), dvn(LN), fx(N);
       for (index_t i = 0; i < LN; ++i) {
@@ -928,12 +930,10 @@ class Inference {
       for (index_t i = 0; i < N; ++i)
         for (index_t j = 0; j <= i; ++j) Wl(i, j) = Vl(i, j) * Vl(i, j);
       const index_t o = l * N;
-      for (index_t n = 0; n < N; ++n) {
+      for (index_t n = 0; n < N; ++n)
         dalpha[o + n] = dm_[o + n] - alpha_[o + n];  // g^m - alpha, the step's first term
-        c[n] = lambda_[o + n] + 2.0 * dv_[o + n];    // r
-      }
       blas::symv(Uplo::Lower, 1.0, Vl, dalpha.data() + o, 0.0, rhs.data());
-      blas::symv(Uplo::Lower, 1.0, Wl, c.data(), 0.0, rhs.data() + N);
+      blas::symv(Uplo::Lower, 1.0, Wl, residual_.data() + o, 0.0, rhs.data() + N);
       // y = A x for x = (dm, dv): a = (lambda + F_mm) dm + F_mv dv, c = 2 (F_mv dm + F_vv dv),
       // y = (dm - V a, dv - W c).
       auto apply = [&](const double* xv, double* yv) {
@@ -984,12 +984,12 @@ class Inference {
     const index_t N = N_, L = L_, LN = L * N;
     const auto NN = static_cast<std::size_t>(N * N);
     const double n2 = static_cast<double>(N) * N, n3 = n2 * N;
-    Buffer p(LN), root(LN), g(LN), r(LN), bc(LN), inv_diag(LN), q(N), t(N), u(N);
+    const double* r = residual_.data();  // lambda - p
+    Buffer p(LN), root(LN), g(LN), bc(LN), inv_diag(LN), q(N), t(N), u(N), e(N);
     for (index_t i = 0; i < LN; ++i) {
-      p[i] = std::max(-2.0 * dv_[i], 0.0);
+      p[i] = -2.0 * dv_[i];  // softmax(m + v / 2)
       root[i] = std::sqrt(p[i]);
       g[i] = dm_[i] - alpha_[i];
-      r[i] = lambda_[i] - p[i];
     }
     if (B_.empty()) B_.resize(NN);
     scratch_K_.resize(NN);
@@ -1019,7 +1019,7 @@ class Inference {
       }
       // c_l = Sigma g_l + W_l r_l / 2 = K_l r_l + Sigma (g_l - r_l)
       for (index_t n = 0; n < N; ++n) t[n] = g[o + n] - r[o + n];
-      blas::symv(Uplo::Lower, 1.0, K, r.data() + o, 0.0, c);
+      blas::symv(Uplo::Lower, 1.0, K, r + o, 0.0, c);
       blas::symv(Uplo::Lower, 1.0, Sigma_, t.data(), 1.0, c);
       if (blas::potrf_lower(M) != 0 || blas::potri_lower(M) != 0) return false;
       // S += E_l; B_l^-1 c_l = c_l - K_l E_l c_l; q += p_l B_l^-1 c_l; M_l^-1 put aside
@@ -1053,10 +1053,9 @@ class Inference {
       blas::symv(Uplo::Lower, 1.0, K, u.data(), 0.0, t.data());
       for (index_t n = 0; n < N; ++n) t[n] *= s[n];
       // M_l^-1 t: the upper triangle's SYMV takes V_l's diagonal, replaced by M_l^-1's
-      Buffer& e = r;  // (r is no longer needed)
-      blas::symv(Uplo::Upper, 1.0, Vl, t.data(), 0.0, e.data() + o);
+      blas::symv(Uplo::Upper, 1.0, Vl, t.data(), 0.0, e.data());
       for (index_t n = 0; n < N; ++n)
-        u[n] -= s[n] * (e[o + n] + (inv_diag[o + n] - Vl(n, n)) * t[n]);
+        u[n] -= s[n] * (e[n] + (inv_diag[o + n] - Vl(n, n)) * t[n]);
       blas::symv(Uplo::Lower, 1.0, K, u.data(), 1.0, bc.data() + o);
       count_.add(6.0 * n2);
     }
@@ -1070,7 +1069,8 @@ class Inference {
     for (index_t i = 0; i < LN; ++i)
       if (!std::isfinite(g[i])) return false;
     // The step is scaled so that no mean moves by more than kMultinomialStepLimit (a trust
-    // region: the local terms' quadratic model holds over a few units of the logits only).
+    // region: the local terms' quadratic model holds over a few units of the logits only); m
+    // moves along with alpha, as in update_means.
     Buffer step_m(LN);
     double largest = 0.0;
     for (index_t l = 0; l < L; ++l)
@@ -1078,8 +1078,10 @@ class Inference {
     for (index_t i = 0; i < LN; ++i) largest = std::max(largest, std::fabs(step_m[i]));
     count_.add(2.0 * L * n2);
     const double scale = largest > kMultinomialStepLimit ? kMultinomialStepLimit / largest : 1.0;
-    for (index_t i = 0; i < LN; ++i) alpha_[i] += scale * g[i];
-    for (index_t l = 0; l < L; ++l) compute_mean(l);
+    for (index_t i = 0; i < LN; ++i) {
+      alpha_[i] += scale * g[i];
+      m_[i] += scale * step_m[i];
+    }
     return true;
   }
 

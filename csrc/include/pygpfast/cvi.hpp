@@ -89,7 +89,7 @@
 // once each of the last two iterations gained at least half the one before (a coupled
 // iteration costs about two of Algorithm 1). Measured (bench/README.md): a ten-class fit on
 // scikit-learn's digits (N = 450) 6.6e11 instead of 8.3e11 flops, its slowest warm starts 8 or 9
-// iterations instead of 33 to 39; cold starts on glass at log sigma = 3 51 to 57 iterations
+// iterations instead of 33 to 39; cold starts on glass at log sigma = 3 52 to 57 iterations
 // instead of 216 to 249; no more flops than Algorithm 1 where that converges in a few
 // iterations.
 //
