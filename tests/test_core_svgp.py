@@ -219,6 +219,40 @@ def test_precomputed_falls_back_when_inaccurate(rng):
     np.testing.assert_array_equal(pre[0], solve[0])
 
 
+@pytest.mark.parametrize("whiten, natural", [(True, False), (True, True), (False, False)])
+@pytest.mark.parametrize("path", ["solve", "precomputed"])
+def test_phases_do_not_depend_on_the_thread_count(rng, restore_threads, whiten, natural, path):
+    """The evaluation's three phases (svgp.cpp: the O(M^3) work beside the kept blocks' kernels,
+    the blocks, the O(M^3) reverse beside the kept blocks' vjps) give the same result to the
+    bit on one and two threads, here with 8 blocks of which 7 are kept (M = 300, B = 7500: kept
+    blocks hold at most 2^21 entries) and the last evaluates its kernel and vjp inline."""
+    import pygpfast
+
+    X, y, Z, kernel, m, L = path_problem(rng, M=300, B=7500, D=6, lengthscale=1.5, whiten=whiten)
+    out = []
+    for threads in (1, 2):
+        pygpfast.set_num_threads(threads)
+        out.append(elbo_by_path(kernel, Z, m, L, whiten, X, y, path, natural=natural))
+    assert out[0][5] == out[1][5] == path
+    if not _core.blas_thread_control:  # (the blocks' BLAS calls then run on the BLAS's threads)
+        pytest.skip("this BLAS's thread count cannot be set")
+    assert out[0][0] == out[1][0]
+    for a, b in zip(out[0][4], out[1][4]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_error_in_the_parallel_phases_reaches_the_caller(rng, restore_threads):
+    """A Cholesky that fails in the first phase (two threads, the kernels beside it) raises its
+    error in the caller, not a crash or a partial result."""
+    import pygpfast
+
+    pygpfast.set_num_threads(2)
+    X, y, Z, kernel, m, L = path_problem(rng, M=300, B=4000, D=3)
+    Z[1] = np.nan  # (a NaN in K(Z, Z) defeats every jitter)
+    with pytest.raises(ValueError, match="cholesky: matrix has a non-finite entry"):
+        elbo_by_path(kernel, Z, m, L, True, X, y, "solve")
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_blocks_add_up(rng, restore_threads, threads):
     """A minibatch large enough to be cut into several column blocks (bounded at ~1M entries

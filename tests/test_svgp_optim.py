@@ -398,10 +398,12 @@ def test_adam_on_a_sharp_poisson_posterior_warns_and_names_natgrad():
 
 
 def test_adam_reduces_its_step_on_a_plateau_to_reach_natgrad():
-    # Gaussian regression with noise 0.1 on 5000 rows: Adam at 0.01 stalled with q(u) 3% (of
-    # the ELBO per row) short of its optimum, 0.017 per row below natural gradients; one
-    # reduction of the step to 0.002 closes the gap.
-    rng = np.random.default_rng(0)
+    # Gaussian regression with noise 0.1 on 5000 rows: Adam at 0.01 stalls with q(u) 0.03 per
+    # row (3% of the ELBO per row) short of its optimum; one reduction of the step to 0.002
+    # closes the gap. (Where Adam stalls moves with the rounding: on the data of seed 0 one
+    # build stalled 0.017 below natural gradients, another within the 1% that counts as
+    # converged, with no reduction; seed 1 stalls 0.03 short in both.)
+    rng = np.random.default_rng(1)
     X = rng.uniform(-3, 3, (5000, 2))
     y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(5000)
     kw = dict(n_inducing=30, batch_size=256, max_iter=300, random_state=0)

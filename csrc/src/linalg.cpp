@@ -289,7 +289,6 @@ void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, Matrix
     }
     blas::syrk(blas::Uplo::Lower, blas::Trans::No, sign, W, sign < 0 ? beta : 1.0, G);
   }
-  mirror_lower(G);
 }
 
 }  // namespace pygpfast::linalg

@@ -125,16 +125,6 @@ void zero_strict_upper(MatrixView A) {
   for (index_t i = 0; i < A.rows; ++i) std::fill(A.row(i) + i + 1, A.row(i) + A.cols, 0.0);
 }
 
-// into += from; an empty `into` takes `from`'s array (leaving `from` empty).
-void add_to(Buffer& into, Buffer& from) {
-  if (from.empty()) return;
-  if (into.empty()) {
-    into.swap(from);
-    return;
-  }
-  for (std::size_t i = 0; i < into.size(); ++i) into[i] += from[i];
-}
-
 // [n] entries of latent function l of a [n, L] array.
 void latent_column(const double* a, index_t n, index_t L, index_t l, double* out) {
   for (index_t i = 0; i < n; ++i) out[i] = a[i * L + l];
@@ -186,37 +176,68 @@ struct Shared {
   }
 };
 
-// What the blocks add to the gradients, per thread (summed after the blocks in thread order).
-// All of the scaled expected log-likelihood alone, in whitened coordinates.
+// One of the blocks' partial gradients. A block's first contribution overwrites it (BLAS
+// beta = 0: no zeroing between blocks), later ones add to it; the total takes a block's share
+// only where the block wrote one (`set`).
+struct Part {
+  Buffer v;
+  bool set = false;
+
+  // The array (of n doubles) for a contribution, and the BLAS beta that contribution takes.
+  double* take(index_t n, double& beta) {
+    beta = set ? 1.0 : 0.0;
+    if (!set) v.resize(static_cast<std::size_t>(n));
+    set = true;
+    return v.data();
+  }
+  // The total's array, zero where no block wrote one (for code that adds to it).
+  double* zeroed_if_unset(index_t n) {
+    if (!set) v.assign(static_cast<std::size_t>(n), 0.0);
+    set = true;
+    return v.data();
+  }
+  void add(const Part& o) {
+    if (!o.set) return;
+    if (!set) {
+      v = o.v;
+      set = true;
+    } else {
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] += o.v[i];
+    }
+  }
+};
+
+// What a block adds to the gradients (summed over the blocks in block order). All of the
+// scaled expected log-likelihood alone, in whitened coordinates.
 struct Partials {
-  // Triangular-solve blocks: d/dm_w, d/dL_w (lower), d/dS_w, d/dLz (lower).
-  Buffer dmw, dLw, dSw, dLz;
-  // Precomputed blocks: d/dSigma_l and d/dbeta.
-  Buffer dSigma, dbeta;
+  // Triangular-solve blocks: d/dm_w, d/dL_w (lower), d/dS_w (lower), d/dLz (lower).
+  Part dmw, dLw, dSw, dLz;
+  // Precomputed blocks: d/dSigma_l (lower) and d/dbeta.
+  Part dSigma, dbeta;
   bool any_solve = false;
-  // Kernel parameters, Z (through Kzx), the constant means and the likelihood variance.
-  Buffer dkernel, dZ, dmean;
+  // The constant means and the likelihood variance (the kernel's vjp has per-block slots).
+  Buffer dmean;
   double dlik = 0.0;
 
-  // Zeros every buffer (keeping its size) for the next block.
-  void zero() {
-    for (Buffer* b : {&dmw, &dLw, &dSw, &dLz, &dSigma, &dbeta, &dkernel, &dZ, &dmean})
-      std::fill(b->begin(), b->end(), 0.0);
+  // Starts the next block.
+  void reset() {
+    for (Part* q : {&dmw, &dLw, &dSw, &dLz, &dSigma, &dbeta}) q->set = false;
+    std::fill(dmean.begin(), dmean.end(), 0.0);
     dlik = 0.0;
     any_solve = false;
   }
 
-  // Adds o into this; buffers this does not have yet are taken from o (o keeps the others).
-  void add(Partials& o) {
-    add_to(dmw, o.dmw);
-    add_to(dLw, o.dLw);
-    add_to(dSw, o.dSw);
-    add_to(dLz, o.dLz);
-    add_to(dSigma, o.dSigma);
-    add_to(dbeta, o.dbeta);
-    add_to(dkernel, o.dkernel);
-    add_to(dZ, o.dZ);
-    add_to(dmean, o.dmean);
+  void add(const Partials& o) {
+    dmw.add(o.dmw);
+    dLw.add(o.dLw);
+    dSw.add(o.dSw);
+    dLz.add(o.dLz);
+    dSigma.add(o.dSigma);
+    dbeta.add(o.dbeta);
+    if (dmean.empty())
+      dmean = o.dmean;
+    else
+      for (std::size_t i = 0; i < dmean.size(); ++i) dmean[i] += o.dmean[i];
     dlik += o.dlik;
     any_solve = any_solve || o.any_solve;
   }
@@ -234,12 +255,14 @@ constexpr index_t kCheckedPoints = 2;
 // Per-thread buffers of one column block, reused across the blocks a thread takes.
 struct BlockWork {
   Scratch K, A, T, W;
-  Buffer kdiag, a2, t2, g, gsum;
+  Buffer kdiag, a2, t2, k2, g, gsum;
 };
 
-// One column block [n0, n0 + nb) of the minibatch: the marginals, the expectations and (when
-// wanted) the block's share of every gradient. Precomputed blocks whose variances fail the
-// accuracy check are redone by triangular solves (svgp.hpp), so blocks may take either path.
+// One column block [n0, n0 + nb) of the minibatch in three steps that elbo() schedules: its
+// kernel block K = K(Z, X_b) (and diag K(X_b)); the marginals, the expectations and (when
+// wanted) the block's share of every gradient but the kernel's, which leaves d/dK; the kernel's
+// vjp. Precomputed blocks whose variances fail the accuracy check are redone by triangular
+// solves (svgp.hpp), so blocks may take either path.
 class BlockEvaluator {
  public:
   BlockEvaluator(const Shared& sh, const kernels::Kernel& kernel, const likelihoods::Likelihood& lik,
@@ -248,27 +271,30 @@ class BlockEvaluator {
       : sh_(sh), kernel_(kernel), lik_(lik), q_(q), batch_(batch), wants_(wants), mu_(mu), var_(var), f_(f),
         gmu_(gmu), gvar_(gvar), gpar_(gpar) {}
 
-  void run(index_t n0, index_t nb, BlockWork& w, Partials& part) const {
-    const index_t M = sh_.M, L = sh_.L;
-    const ConstMatrixView Xb(batch_.X.row(n0), nb, batch_.X.cols, batch_.X.ld);
-    w.K.resize(M * nb);
-    const MatrixView K(w.K.data(), M, nb);
+  // K [M, nb] = K(Z, X_b), kdiag [nb] = diag K(X_b, X_b).
+  void kernel(index_t n0, index_t nb, MatrixView K, double* kdiag) const {
+    const ConstMatrixView Xb = rows(n0, nb);
     kernel_.K(q_.Z, Xb, false, K);
-    w.kdiag.resize(nb);
-    kernel_.Kdiag(Xb, w.kdiag.data());
+    kernel_.Kdiag(Xb, kdiag);
+  }
+
+  // The marginals and expectations of the block and, with gradients, its partials and
+  // d/dK [M, nb], which it returns: written to dK, or where null to w.T's first M x nb entries.
+  MatrixView forward_reverse(index_t n0, ConstMatrixView K, const double* kdiag, BlockWork& w, Partials& part,
+                             double* dK) const {
+    const index_t L = sh_.L, nb = K.cols;
     double* mu = mu_ + n0 * L;
     double* var = var_ + n0 * L;
-
     bool precomputed = sh_.precomputed;
     if (precomputed) {
-      w.T.resize(L * M * nb);  // C_l = Sigma_l K
-      precomputed_marginals(K, w, mu, var);
-      precomputed = variances_accurate(K, w.kdiag.data(), var, nb);
+      w.T.resize(L * sh_.M * nb);  // C_l = Sigma_l K
+      precomputed_marginals(K, kdiag, w, mu, var);
+      precomputed = variances_accurate(K, kdiag, var, w);
     }
     if (!precomputed) {
-      w.A.resize(M * nb);
-      w.T.resize(L * M * nb);
-      solve_marginals(K, w, mu, var);
+      w.A.resize(sh_.M * nb);
+      w.T.resize(L * sh_.M * nb);
+      solve_marginals(K, kdiag, w, mu, var);
       part.any_solve = true;
     }
 
@@ -277,7 +303,7 @@ class BlockEvaluator {
         for (index_t l = 0; l < L; ++l) mu[n * L + l] += q_.mean[l];
     likelihoods::variational_expectations(lik_, batch_.y + n0, mu, var, nb, f_ + n0, gmu_ + n0 * L,
                                           gvar_ + n0 * L, gpar_ + n0);
-    if (!wants_.grads) return;
+    if (!wants_.grads) return MatrixView();
     double* gmu = gmu_ + n0 * L;
     double* gvar = gvar_ + n0 * L;
     for (index_t i = 0; i < nb * L; ++i) {
@@ -290,44 +316,72 @@ class BlockEvaluator {
         for (index_t l = 0; l < L; ++l) part.dmean[l] += gmu[n * L + l];
     }
     part.dlik += batch_.scale * fixed_order_sum(gpar_ + n0, nb);
-    MatrixView dK = precomputed ? precomputed_reverse(K, w, gmu, gvar, part) : solve_reverse(nb, w, gmu, gvar, part);
+    const MatrixView dKV(dK != nullptr ? dK : w.T.data(), sh_.M, nb);
+    if (precomputed)
+      precomputed_reverse(K, w, gmu, gvar, part, dKV);
+    else
+      solve_reverse(w, gmu, gvar, part, dKV);
+    return dKV;
+  }
 
-    const index_t D = q_.Z.cols;
-    if (part.dkernel.empty()) part.dkernel.assign(static_cast<std::size_t>(kernel_.num_params()), 0.0);
-    if (part.dZ.empty()) part.dZ.assign(static_cast<std::size_t>(M * D), 0.0);
-    MatrixView dZ(part.dZ.data(), M, D);
-    kernel_.K_vjp(q_.Z, Xb, false, dK, K, part.dkernel.data(), &dZ, nullptr);
+  // dkernel [P] += the block's share of the kernel parameters' gradient, dZ [M, D] += Z's
+  // (through K), from K and dK.
+  void vjp(index_t n0, ConstMatrixView K, ConstMatrixView dK, BlockWork& w, double* dkernel, MatrixView dZ) const {
+    const index_t L = sh_.L, nb = K.cols;
+    const ConstMatrixView Xb = rows(n0, nb);
+    kernel_.K_vjp(q_.Z, Xb, false, dK, K, dkernel, &dZ, nullptr);
+    const double* gvar = gvar_ + n0 * L;
     w.gsum.assign(static_cast<std::size_t>(nb), 0.0);
     for (index_t n = 0; n < nb; ++n)
       for (index_t l = 0; l < L; ++l) w.gsum[n] += gvar[n * L + l];
-    kernel_.Kdiag_vjp(Xb, w.gsum.data(), part.dkernel.data());
+    kernel_.Kdiag_vjp(Xb, w.gsum.data(), dkernel);
   }
 
  private:
   // ---- Path::Precomputed: C_l = Sigma_l K; mu = K^T beta; var_l = kdiag + colsum(K o C_l).
-  void precomputed_marginals(ConstMatrixView K, BlockWork& w, double* mu, double* var) const {
+  // One pass over K and C_0 gives var_0, mu (when L = 1) and w.k2 = colsum(K o K), which the
+  // accuracy check reads.
+  void precomputed_marginals(ConstMatrixView K, const double* kdiag, BlockWork& w, double* mu, double* var) const {
     const index_t M = sh_.M, L = sh_.L, nb = K.cols;
-    if (L == 1)  // (a GEMM with one column runs far below GEMV's speed in OpenBLAS)
-      blas::gemv(Trans::Yes, 1.0, K, sh_.beta.data(), 0.0, mu);
-    else
+    if (L > 1)
       blas::gemm(Trans::Yes, Trans::No, 1.0, K, ConstMatrixView(sh_.beta.data(), M, L), 0.0, MatrixView(mu, nb, L));
     w.a2.resize(nb);
+    w.k2.assign(static_cast<std::size_t>(nb), 0.0);
+    w.t2.assign(static_cast<std::size_t>(nb), 0.0);  // mu when L = 1
     for (index_t l = 0; l < L; ++l) {
       const MatrixView Cl(w.T.data() + l * M * nb, M, nb);
       blas::symm(Side::Left, Uplo::Lower, 1.0, sh_.Sigma_of(l), K, 0.0, Cl);
-      std::copy(w.kdiag.begin(), w.kdiag.begin() + nb, w.a2.begin());
-      add_column_dots(K, Cl, w.a2.data());
-      for (index_t n = 0; n < nb; ++n) var[n * L + l] = std::max(w.a2[n], 0.0);
+      std::copy(kdiag, kdiag + nb, w.a2.begin());
+      double* dots = w.a2.data();
+      if (l == 0) {
+        double* k2 = w.k2.data();
+        double* m1 = w.t2.data();
+        for (index_t m = 0; m < M; ++m) {
+          const double* k = K.row(m);
+          const double* c = Cl.row(m);
+          const double b = L == 1 ? sh_.beta[m] : 0.0;
+#pragma omp simd
+          for (index_t n = 0; n < nb; ++n) {
+            dots[n] += k[n] * c[n];
+            k2[n] += k[n] * k[n];
+            m1[n] += k[n] * b;
+          }
+        }
+        if (L == 1) std::copy(m1, m1 + nb, mu);
+      } else {
+        add_column_dots(K, Cl, dots);
+      }
+      for (index_t n = 0; n < nb; ++n) var[n * L + l] = std::max(dots[n], 0.0);
     }
   }
 
   // The precomputed form loses about log10(cond(Kzz)) digits (svgp.hpp). Recompute the
-  // variances of the kCheckedPoints points with the largest |k_n|^2 / var_n by triangular
-  // solves; true when all agree with `var` to 1e-8 relative (1e-12 of kxx_n absolute).
-  bool variances_accurate(ConstMatrixView K, const double* kdiag, const double* var, index_t nb) const {
-    const index_t M = sh_.M, L = sh_.L;
-    Buffer k2(nb);
-    column_sums_of_squares(K, k2.data());
+  // variances of the kCheckedPoints points with the largest |k_n|^2 / var_n (|k_n|^2 in w.k2)
+  // by triangular solves; true when all agree with `var` to 1e-8 relative (1e-12 of kxx_n
+  // absolute).
+  bool variances_accurate(ConstMatrixView K, const double* kdiag, const double* var, const BlockWork& w) const {
+    const index_t M = sh_.M, L = sh_.L, nb = K.cols;
+    const double* k2 = w.k2.data();
     std::vector<index_t> order(static_cast<std::size_t>(nb));
     std::iota(order.begin(), order.end(), index_t{0});
     auto exposure = [&](index_t n) {
@@ -359,32 +413,40 @@ class BlockEvaluator {
     return true;
   }
 
-  // d/dSigma_l += K diag(g_l) K^T; d/dbeta += K gmu; returns d/dK = sum_l 2 C_l diag(g_l) + beta gmu^T
-  // (in place of C_0).
-  MatrixView precomputed_reverse(ConstMatrixView K, BlockWork& w, const double* gmu, const double* gvar,
-                                 Partials& part) const {
+  // d/dSigma_l += K diag(g_l) K^T (lower); d/dbeta += K gmu; dK = sum_l 2 C_l diag(g_l) + beta gmu^T
+  // (dK may be C_0). When L = 1, d/dbeta and beta gmu^T come with the pass that forms dK.
+  void precomputed_reverse(ConstMatrixView K, BlockWork& w, const double* gmu, const double* gvar, Partials& part,
+                           MatrixView dK) const {
     const index_t M = sh_.M, L = sh_.L, nb = K.cols;
-    if (part.dSigma.empty()) part.dSigma.assign(static_cast<std::size_t>(L * M * M), 0.0);
-    if (part.dbeta.empty()) part.dbeta.assign(static_cast<std::size_t>(M * L), 0.0);
+    double beta_sigma, beta_b;
+    double* dSigma = part.dSigma.take(L * M * M, beta_sigma);
+    double* dbeta = part.dbeta.take(M * L, beta_b);
     w.W.resize(M * nb);
     w.g.resize(nb);
     for (index_t l = 0; l < L; ++l) {
       latent_column(gvar, nb, L, l, w.g.data());
-      linalg::weighted_gram(K, w.g.data(), w.W.data(), MatrixView(part.dSigma.data() + l * M * M, M, M), 1.0);
+      linalg::weighted_gram(K, w.g.data(), w.W.data(), MatrixView(dSigma + l * M * M, M, M), beta_sigma);
     }
-    if (L == 1)
-      blas::gemv(Trans::No, 1.0, K, gmu, 1.0, part.dbeta.data());
-    else
-      blas::gemm(Trans::No, Trans::No, 1.0, K, ConstMatrixView(gmu, nb, L), 1.0, MatrixView(part.dbeta.data(), M, L));
-    const MatrixView dK(w.T.data(), M, nb);
+    if (L > 1)
+      blas::gemm(Trans::No, Trans::No, 1.0, K, ConstMatrixView(gmu, nb, L), beta_b, MatrixView(dbeta, M, L));
     for (index_t l = 0; l < L; ++l) {
       latent_column(gvar, nb, L, l, w.g.data());
       const MatrixView Cl(w.T.data() + l * M * nb, M, nb);
+      const double* g = w.g.data();
       for (index_t m = 0; m < M; ++m) {
         const double* c = Cl.row(m);
         double* d = dK.row(m);
-        const double* g = w.g.data();
-        if (l == 0) {
+        if (L == 1) {
+          const double* k = K.row(m);
+          const double b = sh_.beta[m];
+          double s = 0.0;
+#pragma omp simd reduction(+ : s)
+          for (index_t n = 0; n < nb; ++n) {
+            d[n] = 2.0 * c[n] * g[n] + b * gmu[n];
+            s += k[n] * gmu[n];
+          }
+          dbeta[m] = (beta_b == 0.0 ? 0.0 : dbeta[m]) + s;
+        } else if (l == 0) {
 #pragma omp simd
           for (index_t n = 0; n < nb; ++n) d[n] = 2.0 * c[n] * g[n];
         } else {
@@ -393,16 +455,13 @@ class BlockEvaluator {
         }
       }
     }
-    if (L == 1)
-      blas::ger(1.0, sh_.beta.data(), gmu, dK);
-    else
+    if (L > 1)
       blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(sh_.beta.data(), M, L), ConstMatrixView(gmu, nb, L), 1.0,
                  dK);
-    return dK;
   }
 
   // ---- Path::Solve: A = Lz^-1 K, T_l = L_w,l^T A; mu = A^T m_w; var_l = kdiag - |A|^2 + |T_l|^2.
-  void solve_marginals(ConstMatrixView K, BlockWork& w, double* mu, double* var) const {
+  void solve_marginals(ConstMatrixView K, const double* kdiag, BlockWork& w, double* mu, double* var) const {
     const index_t M = sh_.M, L = sh_.L, nb = K.cols;
     const MatrixView A(w.A.data(), M, nb);
     std::copy(K.data, K.data + M * nb, A.data);
@@ -419,24 +478,25 @@ class BlockEvaluator {
       std::copy(A.data, A.data + M * nb, Tl.data);
       blas::trmm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, sh_.Lw_of(l), Tl);
       column_sums_of_squares(Tl, w.t2.data());
-      for (index_t n = 0; n < nb; ++n) var[n * L + l] = std::max(w.kdiag[n] - w.a2[n] + w.t2[n], 0.0);
+      for (index_t n = 0; n < nb; ++n) var[n * L + l] = std::max(kdiag[n] - w.a2[n] + w.t2[n], 0.0);
     }
   }
 
   // d/dm_w += A gmu; d/dS_w,l += A diag(g_l) A^T; d/dL_w,l += 2 tril(A diag(g_l) T_l^T);
-  // d/dA = sum_l 2 L_w,l T_l diag(g_l) - 2 A diag(sum_l g_l) + m_w gmu^T; returns
-  // d/dK = Lz^-T d/dA, and d/dLz += -tril(d/dK A^T).
-  MatrixView solve_reverse(index_t nb, BlockWork& w, const double* gmu, const double* gvar, Partials& part) const {
-    const index_t M = sh_.M, L = sh_.L;
+  // d/dA = sum_l 2 L_w,l T_l diag(g_l) - 2 A diag(sum_l g_l) + m_w gmu^T; dK = Lz^-T d/dA (dK may
+  // be T_0), and d/dLz += -tril(dK A^T).
+  void solve_reverse(BlockWork& w, const double* gmu, const double* gvar, Partials& part, MatrixView dK) const {
+    const index_t M = sh_.M, L = sh_.L, nb = dK.cols;
     const MatrixView A(w.A.data(), M, nb);
-    if (part.dmw.empty()) part.dmw.assign(static_cast<std::size_t>(M * L), 0.0);
-    if (part.dLz.empty()) part.dLz.assign(static_cast<std::size_t>(M * M), 0.0);
-    if (wants_.dLw && part.dLw.empty()) part.dLw.assign(static_cast<std::size_t>(L * M * M), 0.0);
-    if (wants_.dSw && part.dSw.empty()) part.dSw.assign(static_cast<std::size_t>(L * M * M), 0.0);
+    double beta_m, beta_z, beta_l = 0.0, beta_s = 0.0;
+    double* dmw = part.dmw.take(M * L, beta_m);
+    double* dLz = part.dLz.take(M * M, beta_z);
+    double* dLw = wants_.dLw ? part.dLw.take(L * M * M, beta_l) : nullptr;
+    double* dSw = wants_.dSw ? part.dSw.take(L * M * M, beta_s) : nullptr;
     if (L == 1)
-      blas::gemv(Trans::No, 1.0, A, gmu, 1.0, part.dmw.data());
+      blas::gemv(Trans::No, 1.0, A, gmu, beta_m, dmw);
     else
-      blas::gemm(Trans::No, Trans::No, 1.0, A, ConstMatrixView(gmu, nb, L), 1.0, MatrixView(part.dmw.data(), M, L));
+      blas::gemm(Trans::No, Trans::No, 1.0, A, ConstMatrixView(gmu, nb, L), beta_m, MatrixView(dmw, M, L));
     w.g.resize(nb);
     w.gsum.assign(static_cast<std::size_t>(nb), 0.0);
     for (index_t l = 0; l < L; ++l) {
@@ -444,7 +504,7 @@ class BlockEvaluator {
       for (index_t n = 0; n < nb; ++n) w.gsum[n] += w.g[n];
       if (wants_.dSw) {
         w.W.resize(M * nb);
-        linalg::weighted_gram(A, w.g.data(), w.W.data(), MatrixView(part.dSw.data() + l * M * M, M, M), 1.0);
+        linalg::weighted_gram(A, w.g.data(), w.W.data(), MatrixView(dSw + l * M * M, M, M), beta_s);
       }
       const MatrixView Tl(w.T.data() + l * M * nb, M, nb);
       for (index_t m = 0; m < M; ++m) {
@@ -453,26 +513,30 @@ class BlockEvaluator {
 #pragma omp simd
         for (index_t n = 0; n < nb; ++n) t[n] *= g[n];
       }
-      if (wants_.dLw) gemm_nt_lower(2.0, A, Tl, 1.0, MatrixView(part.dLw.data() + l * M * M, M, M));
+      if (wants_.dLw) gemm_nt_lower(2.0, A, Tl, beta_l, MatrixView(dLw + l * M * M, M, M));
       blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 2.0, sh_.Lw_of(l), Tl);
       if (l > 0) blas::axpy(M * nb, 1.0, Tl.data, w.T.data());
     }
-    const MatrixView dA(w.T.data(), M, nb);
+    const MatrixView T0(w.T.data(), M, nb);
     for (index_t m = 0; m < M; ++m) {
-      double* d = dA.row(m);
+      const double* t = T0.row(m);
+      double* d = dK.row(m);
       const double* a = A.row(m);
       const double* gs = w.gsum.data();
 #pragma omp simd
-      for (index_t n = 0; n < nb; ++n) d[n] -= 2.0 * a[n] * gs[n];
+      for (index_t n = 0; n < nb; ++n) d[n] = t[n] - 2.0 * a[n] * gs[n];
     }
     if (L == 1)
-      blas::ger(1.0, sh_.mw.data(), gmu, dA);
+      blas::ger(1.0, sh_.mw.data(), gmu, dK);
     else
       blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(sh_.mw.data(), M, L), ConstMatrixView(gmu, nb, L), 1.0,
-                 dA);
-    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, sh_.LzV(), dA);
-    gemm_nt_lower(-1.0, dA, A, 1.0, MatrixView(part.dLz.data(), M, M));
-    return dA;
+                 dK);
+    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, sh_.LzV(), dK);
+    gemm_nt_lower(-1.0, dK, A, beta_z, MatrixView(dLz, M, M));
+  }
+
+  ConstMatrixView rows(index_t n0, index_t nb) const {
+    return ConstMatrixView(batch_.X.row(n0), nb, batch_.X.cols, batch_.X.ld);
   }
 
   const Shared& sh_;
@@ -494,21 +558,21 @@ class BlockEvaluator {
 void precomputed_to_whitened(const Shared& sh, const Wants& wants, Partials& p) {
   const index_t M = sh.M, L = sh.L;
   const ConstMatrixView Y(sh.Y.data(), M, M);
-  if (p.dmw.empty()) p.dmw.assign(static_cast<std::size_t>(M * L), 0.0);
-  if (p.dLz.empty()) p.dLz.assign(static_cast<std::size_t>(M * M), 0.0);
-  if (wants.dLw && p.dLw.empty()) p.dLw.assign(static_cast<std::size_t>(L * M * M), 0.0);
-  if (wants.dSw && p.dSw.empty()) p.dSw.assign(static_cast<std::size_t>(L * M * M), 0.0);
-  const MatrixView dLz(p.dLz.data(), M, M);
-  Buffer Ydbeta(p.dbeta);
+  double* dmw = p.dmw.zeroed_if_unset(M * L);
+  const MatrixView dLz(p.dLz.zeroed_if_unset(M * M), M, M);
+  double* dLw = wants.dLw ? p.dLw.zeroed_if_unset(L * M * M) : nullptr;
+  double* dSw = wants.dSw ? p.dSw.zeroed_if_unset(L * M * M) : nullptr;
+  Buffer Ydbeta(p.dbeta.v);
   const MatrixView YdbetaV(Ydbeta.data(), M, L);
   blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, YdbetaV);
-  for (index_t i = 0; i < M * L; ++i) p.dmw[i] += Ydbeta[i];
+  for (index_t i = 0; i < M * L; ++i) dmw[i] += Ydbeta[i];
   gemm_nt_lower(-1.0, ConstMatrixView(sh.beta.data(), M, L), YdbetaV, 1.0, dLz);
 
   Scratch X(M * M), dS(M * M);
   const MatrixView XV(X.data(), M, M), dSV(dS.data(), M, M);
   for (index_t l = 0; l < L; ++l) {
-    std::copy(p.dSigma.data() + l * M * M, p.dSigma.data() + (l + 1) * M * M, X.data());
+    std::copy(p.dSigma.v.data() + l * M * M, p.dSigma.v.data() + (l + 1) * M * M, X.data());
+    mirror_lower(XV);  // (the blocks sum lower triangles)
     blas::trmm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Y, XV);
     gemm_nt_lower(-2.0, sh.Sigma_of(l), XV, 1.0, dLz);
     if (!wants.dSw && !wants.dLw) continue;
@@ -518,12 +582,12 @@ void precomputed_to_whitened(const Shared& sh, const Wants& wants, Partials& p) 
     // whichever outputs are asked for (natural or plain, tested).
     symmetrise(dSV);
     if (wants.dSw) {
-      double* out = p.dSw.data() + l * M * M;
+      double* out = dSw + l * M * M;
       for (index_t i = 0; i < M * M; ++i) out[i] += dSV.data[i];
     }
     if (wants.dLw) {
       blas::trmm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 2.0, sh.Lw_of(l), dSV);
-      const MatrixView out(p.dLw.data() + l * M * M, M, M);
+      const MatrixView out(dLw + l * M * M, M, M);
       for (index_t i = 0; i < M; ++i)
         for (index_t j = 0; j <= i; ++j) out(i, j) += dSV(i, j);
     }
@@ -544,23 +608,152 @@ Path cheaper_path(index_t M, index_t B, index_t L) {
                                                                                     : Path::Solve;
 }
 
+// KL[q(v_l) || N(0, I)] summed over the latent functions, from the whitened parameters.
+double kl_divergence(const Shared& sh) {
+  const index_t M = sh.M, L = sh.L;
+  double kl = 0.0;
+  for (index_t l = 0; l < L; ++l) {
+    const ConstMatrixView Ll = sh.Lw_of(l);
+    double trace = 0.0, logdet = 0.0, mm = 0.0;
+    for (index_t i = 0; i < M; ++i) {
+      for (index_t j = 0; j <= i; ++j) trace += Ll(i, j) * Ll(i, j);
+      logdet += 2.0 * std::log(std::fabs(Ll(i, i)));
+      mm += sh.mw[i * L + l] * sh.mw[i * L + l];
+    }
+    kl += 0.5 * (trace + mm - static_cast<double>(M) - logdet);
+  }
+  return kl;
+}
+
+// Every gradient but the blocks' kernel vjps, from the blocks' summed partials p: q's (with the
+// KL's, and the natural-gradient outputs), the likelihood's and the means', and K(Z, Z)'s share
+// of the kernel's and of Z's, which go to grads.kernel (overwritten) and dZzz [M, D].
+void gradients_through_q(const kernels::Kernel& kernel, const Variational& q, const Shared& sh, const Wants& wants,
+                         double jitter, Partials& p, const Gradients& grads_out, Buffer& dZzz) {
+  const index_t M = sh.M, L = sh.L, D = q.Z.cols;
+  const ConstMatrixView LzV = sh.LzV();
+  const Gradients* grads = &grads_out;
+  if (p.dSigma.set) precomputed_to_whitened(sh, wants, p);
+  // (Every block writes d/dm_w and d/dLz, and d/dL_w, d/dS_w when wanted.)
+  if (wants.dSw)
+    for (index_t l = 0; l < L; ++l) mirror_lower(MatrixView(p.dSw.v.data() + l * M * M, M, M));
+  MatrixView dLzV(p.dLz.v.data(), M, M);
+
+  // Natural-gradient outputs: d ELL / d m_w and d ELL / d S_w per latent function; in u-space
+  // (u = Lz v) they are Lz^-T (.) and Lz^-T (.) Lz^-1.
+  if (grads->ell_q_mu != nullptr) {
+    const MatrixView out(grads->ell_q_mu, M, L);
+    std::copy(p.dmw.v.begin(), p.dmw.v.end(), out.data);
+    if (!q.whiten) blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, out);
+  }
+  if (grads->ell_q_cov != nullptr) {
+    for (index_t l = 0; l < L; ++l) {
+      const MatrixView G(grads->ell_q_cov + l * M * M, M, M);
+      std::copy(p.dSw.v.data() + l * M * M, p.dSw.v.data() + (l + 1) * M * M, G.data);
+      if (!q.whiten) {
+        blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, G);
+        blas::trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, G);
+        symmetrise(G);
+      }
+    }
+  }
+
+  // The KL's gradients: d/dm_w = -m_w, d/dL_w = -L_w + diag(1 / L_w,ii) (lower).
+  Buffer& dmw = p.dmw.v;
+  for (std::size_t i = 0; i < dmw.size(); ++i) dmw[i] -= sh.mw[i];
+  const MatrixView dmwV(dmw.data(), M, L);
+  if (wants.dLw)
+    for (index_t l = 0; l < L; ++l) {
+      const ConstMatrixView Ll = sh.Lw_of(l);
+      const MatrixView dLl(p.dLw.v.data() + l * M * M, M, M);
+      zero_strict_upper(dLl);
+      for (index_t i = 0; i < M; ++i) {
+        for (index_t j = 0; j < i; ++j) dLl(i, j) -= Ll(i, j);
+        dLl(i, i) += 1.0 / Ll(i, i) - Ll(i, i);
+      }
+    }
+
+  if (q.whiten) {
+    if (grads->q_mu.data != nullptr)
+      for (index_t i = 0; i < M; ++i)
+        for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
+    if (grads->q_sqrt != nullptr) std::copy(p.dLw.v.begin(), p.dLw.v.end(), grads->q_sqrt);
+  } else {
+    // m_w = Lz^-1 m:  dm = Lz^-T dm_w,  dLz -= dm m_w^T
+    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, dmwV);
+    if (grads->q_mu.data != nullptr)
+      for (index_t i = 0; i < M; ++i)
+        for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
+    blas::gemm(Trans::No, Trans::Yes, -1.0, dmwV, ConstMatrixView(sh.mw.data(), M, L), 1.0, dLzV);
+    // L_w = Lz^-1 L:  W = Lz^-T tril(dL_w),  dL = tril(W),  dLz -= W L_w^T
+    for (index_t l = 0; l < L; ++l) {
+      const MatrixView W(p.dLw.v.data() + l * M * M, M, M);
+      blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, W);
+      blas::gemm(Trans::No, Trans::Yes, -1.0, W, sh.Lw_of(l), 1.0, dLzV);
+      if (grads->q_sqrt == nullptr) continue;
+      double* out = grads->q_sqrt + l * M * M;
+      for (index_t i = 0; i < M; ++i)
+        for (index_t j = 0; j < M; ++j) out[i * M + j] = j <= i ? W(i, j) : 0.0;
+    }
+  }
+  linalg::cholesky_reverse(LzV, dLzV);  // (reads the lower triangle) now d/dKzz
+  linalg::add_relative_jitter_reverse(dLzV, jitter);
+
+  std::fill(grads->kernel, grads->kernel + kernel.num_params(), 0.0);
+  dZzz.assign(static_cast<std::size_t>(M * D), 0.0);
+  MatrixView dZzzV(dZzz.data(), M, D);
+  kernel.K_vjp(q.Z, q.Z, true, dLzV, ConstMatrixView(sh.Kzz.data(), M, M), grads->kernel, &dZzzV, &dZzzV);
+  if (grads->likelihood_variance != nullptr) *grads->likelihood_variance = p.dlik;
+  if (grads->mean != nullptr)
+    for (index_t l = 0; l < L; ++l) grads->mean[l] = p.dmean.empty() ? 0.0 : p.dmean[l];
+}
+
 // Threads (threads.hpp). An evaluation below kSingleThreadWork flop-equivalents (~0.7 ms on
 // one core) runs on one thread as one block: waking a second costs more than it saves, and on
 // a shared machine every barrier waits for a thread the scheduler may have paused. Above it,
 // the minibatch is cut into kBlocksPerEvaluation column blocks (of at least kMinBlockColumns)
-// that the threads take dynamically and evaluate with single-threaded BLAS: one barrier per
-// evaluation instead of one per BLAS call, and when another process holds a core the thread
-// on the free core takes more of the blocks. The blocks depend on B alone and their partial
-// gradients are summed in block order, so the result does not depend on the thread count.
-// The O(M^3) work before and after the blocks uses BLAS threads from M = kThreadedM on, where
-// each call is long enough to amortise its barrier (measured at M = 256: 5.65 -> 4.13 ms on an
-// idle machine at B = 256, and still within 2x of that with one core busy).
+// and the evaluation runs in one parallel region of three phases, the threads taking work items
+// dynamically, each with single-threaded BLAS:
+//   A. the O(M^3) work before the blocks (K(Z, Z), its Cholesky, the precomputed Sigma) on one
+//      thread, beside it the kernel blocks K(Z, X_b) of the kept blocks (below) on the others;
+//   B. the blocks' marginals, expectations and reverse passes, their partials summed in block
+//      order;
+//   C. the O(M^3) work after them (the KL, the precomputed path's reverse, the Cholesky's
+//      reverse, K(Z, Z)'s vjp) on one thread, beside it the kept blocks' kernel vjps.
+// So three barriers per evaluation, not one per BLAS call, and when another process holds a
+// core the thread on the free core takes more of the items. The O(M^3) parts, which at
+// M = 256 took 1.4 ms on one core beside the 3.7 ms of the blocks at B = 256, no longer leave
+// the other thread idle, and no longer use BLAS threads (whose wake-ups made them slower on two
+// threads than on one: 2.4 against 1.4 ms at M = 256, B = 1). From M = kThreadedM on the O(M^3)
+// calls are long enough to use BLAS threads well, so they run before and after the region.
+// Blocks [0, kept) keep K(Z, X_b) and d/dK for the phases A and C (at most kKeptEntries
+// entries each); the others evaluate their kernel and its vjp with the block. Blocks and
+// `kept` depend on M and B alone, and every block's kernel gradients are summed in block order
+// after the region, so the result does not depend on the thread count.
 constexpr double kSingleThreadWork = 3e7;
 constexpr index_t kMinBlockColumns = 64;
 constexpr index_t kBlocksPerEvaluation = 8;
-constexpr index_t kThreadedM = 256;
+constexpr index_t kThreadedM = 512;
 // Bounds a block's [M, columns] buffers (about (3 + 2 L) of them) at ~8 MB each.
 constexpr index_t kMaxBlockEntries = index_t{1} << 20;
+// Bounds the kept blocks' K and d/dK at 16 MB each.
+constexpr index_t kKeptEntries = index_t{1} << 21;
+
+// Runs body(t) on `threads` OpenMP threads (t = 0 .. threads - 1), or body(0) alone.
+template <class Body>
+void run_threads(int threads, const Body& body) {
+  if (threads == 1) {
+    body(0);
+    return;
+  }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+  {
+    const SingleThreadScope block_scope(true);
+    body(omp_get_thread_num());
+  }
+#endif
+}
 
 }  // namespace
 
@@ -585,8 +778,10 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   const index_t nb = std::max<index_t>(1, std::min(nb_wanted, kMaxBlockEntries / std::max<index_t>(M * L, 1)));
   const index_t blocks = (B + nb - 1) / nb;
   const int threads = one_thread ? 1 : threads_for_blas_calls(blocks, 1);
-  // The O(M^3) parts: BLAS threads only for large M.
-  const SingleThreadScope serial_scope(one_thread || M < kThreadedM);
+  // The O(M^3) parts in the region (single-threaded BLAS) below kThreadedM, else outside it.
+  const bool serial_inside = M < kThreadedM;
+  const index_t kept = one_thread || !serial_inside ? 0 : std::min(blocks, kKeptEntries / (M * nb));
+  const SingleThreadScope serial_scope(one_thread || serial_inside);
 
   Wants wants;
   wants.grads = grads != nullptr;
@@ -598,148 +793,122 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   Shared sh;
   sh.M = M;
   sh.L = L;
-  res.jitter = inducing_cholesky(kernel, q.Z, jitter, sh.Lz, wants.grads ? &sh.Kzz : nullptr);
-  const ConstMatrixView LzV = sh.LzV();
-  whitened_parameters(q, LzV, sh.mw, sh.Lw);
-  if (path == Path::Precomputed) sh.prepare_precomputed();
-
   Buffer mu(static_cast<std::size_t>(B * L)), var(static_cast<std::size_t>(B * L)), f(B),
       gmu(static_cast<std::size_t>(B * L)), gvar(static_cast<std::size_t>(B * L)), gpar(B);
   const BlockEvaluator evaluator(sh, kernel, lik, q, batch, wants, mu.data(), var.data(), f.data(), gmu.data(),
                                  gvar.data(), gpar.data());
-  // Each block's partials go to a per-thread buffer, then into the total in block order.
+  auto block_columns = [&](index_t b) { return std::min(nb, B - b * nb); };
+  // The kept blocks' K(Z, X_b), diag K(X_b) and d/dK, and every block's kernel gradients
+  // (parameters, then Z), summed in block order at the end.
+  Scratch K_kept(kept * M * nb), dK_kept(wants.grads ? kept * M * nb : 0);
+  Buffer kdiag_kept(static_cast<std::size_t>(kept * nb));
+  const index_t P = kernel.num_params(), vjp_size = P + M * D;
+  Buffer vjp(wants.grads ? static_cast<std::size_t>(blocks * vjp_size) : 0, 0.0);
+  auto kept_K = [&](index_t b) { return MatrixView(K_kept.data() + b * M * nb, M, block_columns(b)); };
+
+  // The O(M^3) work before the blocks.
+  auto before_blocks = [&] {
+    res.jitter = inducing_cholesky(kernel, q.Z, jitter, sh.Lz, wants.grads ? &sh.Kzz : nullptr);
+    whitened_parameters(q, sh.LzV(), sh.mw, sh.Lw);
+    if (path == Path::Precomputed) sh.prepare_precomputed();
+  };
+  // After the blocks: the KL and the gradients through q and K(Z, Z); K(Z, Z)'s vjp goes to
+  // grads->kernel (zeroed first) and dZzz, to which the blocks' vjps are added after the region.
   Partials p;
-  std::vector<Partials> scratch(static_cast<std::size_t>(threads));
+  Buffer dZzz;
+  auto after_blocks = [&] {
+    res.path = sh.precomputed && !p.any_solve ? Path::Precomputed : Path::Solve;
+    res.expected_log_lik = batch.scale * fixed_order_sum(f.data(), B);
+    res.kl = kl_divergence(sh);
+    res.elbo = res.expected_log_lik - res.kl;
+    if (wants.grads) gradients_through_q(kernel, q, sh, wants, jitter, p, *grads, dZzz);
+  };
+
   std::exception_ptr error;
   std::atomic<bool> failed{false};
-  auto run_block = [&](index_t b, int t, BlockWork& work) noexcept {
+  auto guarded = [&](auto&& step) noexcept {
     if (failed.load(std::memory_order_relaxed)) return;
     try {
-      scratch[t].zero();
-      evaluator.run(b * nb, std::min(nb, B - b * nb), work, scratch[t]);
+      step();
     } catch (...) {
 #ifdef _OPENMP
-#pragma omp critical(pygpfast_svgp_block_error)
+#pragma omp critical(pygpfast_svgp_error)
 #endif
       if (!failed.exchange(true)) error = std::current_exception();
     }
   };
-  if (threads == 1) {
+
+  if (!serial_inside) guarded(before_blocks);
+  std::vector<Partials> scratch(static_cast<std::size_t>(threads));
+  std::atomic<index_t> next_kernel{0}, next_vjp{0};
+  run_threads(threads, [&](int t) {
     BlockWork work;
-    for (index_t b = 0; b < blocks && !failed; ++b) {
-      run_block(b, 0, work);
-      p.add(scratch[0]);
-    }
-  } else {
+    // A. Before the blocks, and the kept blocks' kernels.
+    if (t == 0 && serial_inside) guarded(before_blocks);
+    for (index_t b; (b = next_kernel.fetch_add(1)) < kept;)
+      guarded([&] { evaluator.kernel(b * nb, block_columns(b), kept_K(b), kdiag_kept.data() + b * nb); });
 #ifdef _OPENMP
-#pragma omp parallel num_threads(threads)
-    {
-      const int t = omp_get_thread_num();
-      const SingleThreadScope block_scope(true);
-      BlockWork work;
+#pragma omp barrier
+#endif
+    // B. The blocks, their partials summed in block order.
+    auto block = [&](index_t b) {
+      guarded([&] {
+        const index_t n0 = b * nb, cols = block_columns(b);
+        scratch[t].reset();
+        MatrixView K = b < kept ? kept_K(b) : MatrixView();
+        const double* kdiag = b < kept ? kdiag_kept.data() + n0 : nullptr;
+        if (b >= kept) {
+          work.K.resize(M * cols);
+          work.kdiag.resize(cols);
+          K = MatrixView(work.K.data(), M, cols);
+          evaluator.kernel(n0, cols, K, work.kdiag.data());
+          kdiag = work.kdiag.data();
+        }
+        const MatrixView dK = evaluator.forward_reverse(n0, K, kdiag, work, scratch[t],
+                                                        b < kept && wants.grads ? dK_kept.data() + b * M * nb : nullptr);
+        if (wants.grads && b >= kept)
+          evaluator.vjp(n0, K, dK, work, vjp.data() + b * vjp_size, MatrixView(vjp.data() + b * vjp_size + P, M, D));
+      });
+    };
+    if (threads == 1) {
+      for (index_t b = 0; b < blocks; ++b) {
+        block(b);
+        if (!failed) p.add(scratch[0]);
+      }
+    } else {
+#ifdef _OPENMP
 #pragma omp for ordered schedule(dynamic, 1)
       for (index_t b = 0; b < blocks; ++b) {
-        run_block(b, t, work);
+        block(b);
 #pragma omp ordered
         if (!failed.load(std::memory_order_relaxed)) p.add(scratch[t]);
       }
-    }
 #endif
-  }
-  if (error) std::rethrow_exception(error);
-  res.path = sh.precomputed && !p.any_solve ? Path::Precomputed : Path::Solve;
-
-  res.expected_log_lik = batch.scale * fixed_order_sum(f.data(), B);
-  double kl = 0.0;
-  for (index_t l = 0; l < L; ++l) {
-    const ConstMatrixView Ll = sh.Lw_of(l);
-    double trace = 0.0, logdet = 0.0, mm = 0.0;
-    for (index_t i = 0; i < M; ++i) {
-      for (index_t j = 0; j <= i; ++j) trace += Ll(i, j) * Ll(i, j);
-      logdet += 2.0 * std::log(std::fabs(Ll(i, i)));
-      mm += sh.mw[i * L + l] * sh.mw[i * L + l];
     }
-    kl += 0.5 * (trace + mm - static_cast<double>(M) - logdet);
-  }
-  res.kl = kl;
-  res.elbo = res.expected_log_lik - res.kl;
+    // C. After the blocks, and the kept blocks' kernel vjps.
+    if (t == 0 && serial_inside) guarded(after_blocks);
+    if (wants.grads)
+      for (index_t b; (b = next_vjp.fetch_add(1)) < kept;)
+        guarded([&] {
+          evaluator.vjp(b * nb, kept_K(b), ConstMatrixView(dK_kept.data() + b * M * nb, M, block_columns(b)), work,
+                        vjp.data() + b * vjp_size, MatrixView(vjp.data() + b * vjp_size + P, M, D));
+        });
+  });
+  if (!serial_inside) guarded(after_blocks);
+  if (error) std::rethrow_exception(error);
   if (!wants.grads) return res;
 
-  if (!p.dSigma.empty()) precomputed_to_whitened(sh, wants, p);
-  MatrixView dLzV(p.dLz.data(), M, M);
-
-  // Natural-gradient outputs: d ELL / d m_w and d ELL / d S_w per latent function; in u-space
-  // (u = Lz v) they are Lz^-T (.) and Lz^-T (.) Lz^-1.
-  if (grads->ell_q_mu != nullptr) {
-    const MatrixView out(grads->ell_q_mu, M, L);
-    std::copy(p.dmw.begin(), p.dmw.end(), out.data);
-    if (!q.whiten) blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, out);
+  // The blocks' kernel gradients, in block order.
+  for (index_t b = 0; b < blocks; ++b) {
+    const double* v = vjp.data() + b * vjp_size;
+    for (index_t i = 0; i < P; ++i) grads->kernel[i] += v[i];
   }
-  if (grads->ell_q_cov != nullptr) {
-    for (index_t l = 0; l < L; ++l) {
-      const MatrixView G(grads->ell_q_cov + l * M * M, M, M);
-      std::copy(p.dSw.data() + l * M * M, p.dSw.data() + (l + 1) * M * M, G.data);
-      if (!q.whiten) {
-        blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, G);
-        blas::trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, G);
-        symmetrise(G);
-      }
-    }
-  }
-
-  // The KL's gradients: d/dm_w = -m_w, d/dL_w = -L_w + diag(1 / L_w,ii) (lower).
-  Buffer& dmw = p.dmw;
-  for (std::size_t i = 0; i < dmw.size(); ++i) dmw[i] -= sh.mw[i];
-  const MatrixView dmwV(dmw.data(), M, L);
-  if (wants.dLw)
-    for (index_t l = 0; l < L; ++l) {
-      const ConstMatrixView Ll = sh.Lw_of(l);
-      const MatrixView dLl(p.dLw.data() + l * M * M, M, M);
-      zero_strict_upper(dLl);
-      for (index_t i = 0; i < M; ++i) {
-        for (index_t j = 0; j < i; ++j) dLl(i, j) -= Ll(i, j);
-        dLl(i, i) += 1.0 / Ll(i, i) - Ll(i, i);
-      }
-    }
-
-  if (q.whiten) {
-    if (grads->q_mu.data != nullptr)
-      for (index_t i = 0; i < M; ++i)
-        for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
-    if (grads->q_sqrt != nullptr) std::copy(p.dLw.begin(), p.dLw.end(), grads->q_sqrt);
-  } else {
-    // m_w = Lz^-1 m:  dm = Lz^-T dm_w,  dLz -= dm m_w^T
-    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, dmwV);
-    if (grads->q_mu.data != nullptr)
-      for (index_t i = 0; i < M; ++i)
-        for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
-    blas::gemm(Trans::No, Trans::Yes, -1.0, dmwV, ConstMatrixView(sh.mw.data(), M, L), 1.0, dLzV);
-    // L_w = Lz^-1 L:  W = Lz^-T tril(dL_w),  dL = tril(W),  dLz -= W L_w^T
-    for (index_t l = 0; l < L; ++l) {
-      const MatrixView W(p.dLw.data() + l * M * M, M, M);
-      blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, W);
-      blas::gemm(Trans::No, Trans::Yes, -1.0, W, sh.Lw_of(l), 1.0, dLzV);
-      if (grads->q_sqrt == nullptr) continue;
-      double* out = grads->q_sqrt + l * M * M;
-      for (index_t i = 0; i < M; ++i)
-        for (index_t j = 0; j < M; ++j) out[i * M + j] = j <= i ? W(i, j) : 0.0;
-    }
-  }
-  linalg::cholesky_reverse(LzV, dLzV);  // (reads the lower triangle) now d/dKzz
-  linalg::add_relative_jitter_reverse(dLzV, jitter);
-
-  // Kernel: through Kzx (the blocks' shares), Kzz and diag K(X).
-  std::copy(p.dkernel.begin(), p.dkernel.end(), grads->kernel);
   for (index_t i = 0; i < M; ++i)
-    for (index_t d = 0; d < D; ++d) grads->Z(i, d) = p.dZ[i * D + d];
-  Buffer dZ2(static_cast<std::size_t>(M * D), 0.0);
-  MatrixView dZ2V(dZ2.data(), M, D);
-  kernel.K_vjp(q.Z, q.Z, true, dLzV, ConstMatrixView(sh.Kzz.data(), M, M), grads->kernel, &dZ2V, &dZ2V);
-  for (index_t i = 0; i < M; ++i)
-    for (index_t d = 0; d < D; ++d) grads->Z(i, d) += dZ2[i * D + d];
-  if (grads->likelihood_variance != nullptr) *grads->likelihood_variance = p.dlik;
-  if (grads->mean != nullptr)
-    for (index_t l = 0; l < L; ++l) grads->mean[l] = p.dmean.empty() ? 0.0 : p.dmean[l];
+    for (index_t d = 0; d < D; ++d) {
+      double sum = 0.0;
+      for (index_t b = 0; b < blocks; ++b) sum += vjp[b * vjp_size + P + i * D + d];
+      grads->Z(i, d) = sum + dZzz[i * D + d];
+    }
   return res;
 }
 

@@ -63,8 +63,8 @@ double logdet_from_cholesky(ConstMatrixView L);
 // the diagonal halved. Blocked, by GEMMs of about 2 M^3 / 3 flops in all.
 void cholesky_reverse(ConstMatrixView L, MatrixView Lbar_in_G_out);
 
-// G = beta G + A diag(g) A^T for A [M, K] and weights g [K] of either sign, written in full
-// (both triangles) into G [M, M] (symmetric on entry when beta != 0). One SYRK on
+// G = beta G + A diag(g) A^T for A [M, K] and weights g [K] of either sign, in the lower
+// triangle of G [M, M] (with its diagonal; the strict upper part is left as it was). One SYRK on
 // A diag(sqrt(max(-g, 0))) and, only when some g > 0, a second on A diag(sqrt(max(g, 0))):
 // M^2 K flops in all. W_scratch holds M * K doubles.
 void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G, double beta = 0.0);

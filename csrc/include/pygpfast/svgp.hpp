@@ -32,11 +32,12 @@
 //
 // Threads: the minibatch is cut into up to 8 column blocks that the threads take dynamically and
 // evaluate independently (kernel, marginals, expectations, reverse pass, kernel vjp) with
-// single-threaded BLAS; their M x M partial gradients are summed in block order: one barrier per
-// evaluation, so a thread that the scheduler pauses on a shared machine stalls the others once,
-// not at every BLAS call, and results do not depend on the thread count. The O(M^3) work before
-// and after the blocks uses BLAS threads only for M >= 256; an evaluation of under ~3e7 flops
-// runs on one thread as one block (threads.hpp).
+// single-threaded BLAS, in one parallel region; their partial gradients are summed in block
+// order, so results do not depend on the thread count. Below M = 512 the O(M^3) work before and
+// after the blocks runs in that region on one thread while the others compute the blocks'
+// kernels before it and their kernel vjps after it (svgp.cpp); from M = 512 on it runs outside
+// the region on the BLAS's threads. An evaluation of under ~3e7 flops runs on one thread as one
+// block (threads.hpp).
 #pragma once
 
 #include "pygpfast/kernels.hpp"

@@ -11,7 +11,7 @@
 
 #if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
-#define PYGPFAST_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define PYGPFAST_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 #endif
 #ifndef PYGPFAST_SIMD_CLONES
