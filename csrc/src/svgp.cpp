@@ -712,27 +712,28 @@ void gradients_through_q(const kernels::Kernel& kernel, const Variational& q, co
 // one core) runs on one thread as one block: waking a second costs more than it saves, and on
 // a shared machine every barrier waits for a thread the scheduler may have paused. Above it,
 // the minibatch is cut into kBlocksPerEvaluation column blocks (of at least kMinBlockColumns)
-// and the evaluation runs in one parallel region of three phases, the threads taking work items
-// dynamically, each with single-threaded BLAS:
+// that the threads take dynamically in one parallel region, each with single-threaded BLAS,
+// their partials summed in block order. For kOverlapM <= M < kThreadedM the region has three
+// phases:
 //   A. the O(M^3) work before the blocks (K(Z, Z), its Cholesky, the precomputed Sigma) on one
 //      thread, beside it the kernel blocks K(Z, X_b) of the kept blocks (below) on the others;
-//   B. the blocks' marginals, expectations and reverse passes, their partials summed in block
-//      order;
+//   B. the blocks' marginals, expectations and reverse passes;
 //   C. the O(M^3) work after them (the KL, the precomputed path's reverse, the Cholesky's
 //      reverse, K(Z, Z)'s vjp) on one thread, beside it the kept blocks' kernel vjps.
-// So three barriers per evaluation, not one per BLAS call, and when another process holds a
-// core the thread on the free core takes more of the items. The O(M^3) parts, which at
-// M = 256 took 1.4 ms on one core beside the 3.7 ms of the blocks at B = 256, no longer leave
-// the other thread idle, and no longer use BLAS threads (whose wake-ups made them slower on two
-// threads than on one: 2.4 against 1.4 ms at M = 256, B = 1). From M = kThreadedM on the O(M^3)
-// calls are long enough to use BLAS threads well, so they run before and after the region.
-// Blocks [0, kept) keep K(Z, X_b) and d/dK for the phases A and C (at most kKeptEntries
-// entries each); the others evaluate their kernel and its vjp with the block. Blocks and
-// `kept` depend on M and B alone, and every block's kernel gradients are summed in block order
-// after the region, so the result does not depend on the thread count.
+// At M = 256 that work took 1.4 ms on one core beside the blocks' 3.7 ms at B = 256, and had
+// run on BLAS threads, whose wake-ups made it slower on two threads than on one (2.4 against
+// 1.4 ms at B = 1). Below kOverlapM it is short against the two barriers the phases add (with
+// another process on one core they cost more than they saved at M = 64), and from kThreadedM
+// on its calls are long enough to use BLAS threads well: there it runs before and after the
+// region (on one BLAS thread below kThreadedM). Blocks [0, kept) keep K(Z, X_b) and d/dK for
+// the phases A and C (at most kKeptEntries entries each); the others evaluate their kernel and
+// its vjp with the block. Blocks and `kept` depend on M and B alone, and every block's kernel
+// gradients are summed in block order after the region, so the result does not depend on the
+// thread count.
 constexpr double kSingleThreadWork = 3e7;
 constexpr index_t kMinBlockColumns = 64;
 constexpr index_t kBlocksPerEvaluation = 8;
+constexpr index_t kOverlapM = 128;
 constexpr index_t kThreadedM = 512;
 // Bounds a block's [M, columns] buffers (about (3 + 2 L) of them) at ~8 MB each.
 constexpr index_t kMaxBlockEntries = index_t{1} << 20;
@@ -778,10 +779,11 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   const index_t nb = std::max<index_t>(1, std::min(nb_wanted, kMaxBlockEntries / std::max<index_t>(M * L, 1)));
   const index_t blocks = (B + nb - 1) / nb;
   const int threads = one_thread ? 1 : threads_for_blas_calls(blocks, 1);
-  // The O(M^3) parts in the region (single-threaded BLAS) below kThreadedM, else outside it.
-  const bool serial_inside = M < kThreadedM;
-  const index_t kept = one_thread || !serial_inside ? 0 : std::min(blocks, kKeptEntries / (M * nb));
-  const SingleThreadScope serial_scope(one_thread || serial_inside);
+  // The O(M^3) parts in the region for kOverlapM <= M < kThreadedM, else outside it (on one
+  // BLAS thread below kThreadedM).
+  const bool serial_inside = !one_thread && M >= kOverlapM && M < kThreadedM;
+  const index_t kept = serial_inside ? std::min(blocks, kKeptEntries / (M * nb)) : 0;
+  const SingleThreadScope serial_scope(one_thread || M < kThreadedM);
 
   Wants wants;
   wants.grads = grads != nullptr;

@@ -33,10 +33,10 @@
 // Threads: the minibatch is cut into up to 8 column blocks that the threads take dynamically and
 // evaluate independently (kernel, marginals, expectations, reverse pass, kernel vjp) with
 // single-threaded BLAS, in one parallel region; their partial gradients are summed in block
-// order, so results do not depend on the thread count. Below M = 512 the O(M^3) work before and
-// after the blocks runs in that region on one thread while the others compute the blocks'
-// kernels before it and their kernel vjps after it (svgp.cpp); from M = 512 on it runs outside
-// the region on the BLAS's threads. An evaluation of under ~3e7 flops runs on one thread as one
+// order, so results do not depend on the thread count. For 128 <= M < 512 the O(M^3) work before
+// and after the blocks runs in that region on one thread while the others compute the blocks'
+// kernels before it and their kernel vjps after it (svgp.cpp); otherwise it runs outside the
+// region, on the BLAS's threads from M = 512 on. An evaluation of under ~3e7 flops runs on one thread as one
 // block (threads.hpp).
 #pragma once
 
