@@ -114,7 +114,7 @@ class _Stop(Exception):
     pass
 
 
-def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_iter=1000, tol=1e-6,
+def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_iter=5000, tol=1e-6,
         report=None):
     """Maximise the sparse mean-field bound over a, Z and the kernel parameters.
 
