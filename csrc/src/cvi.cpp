@@ -656,15 +656,20 @@ class Inference {
                    ConstMatrixView(W + c0, k, w, N), 1.0,
                    MatrixView(V.data + below * N + c0, N - below, w, N));
     };
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt) if (nt > 1)
-#endif
-    {
+    if (nt == 1) {  // (no OpenMP region: see parallel_for)
       const SingleThreadScope serial_blas(true);
+      for (index_t q = 0; q < panels; ++q) panel(q);
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+      {
+        const SingleThreadScope serial_blas(true);
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-      for (index_t q = 0; q < panels; ++q) panel(q);
+        for (index_t q = 0; q < panels; ++q) panel(q);
+      }
     }
   }
 

@@ -43,21 +43,30 @@ void for_each_row(index_t n, index_t m, bool lower, const Body& body) {
   const index_t entries = n * (lower ? (n + 1) / 2 : m);
   [[maybe_unused]] const int threads = threads_for(entries, kMinEntriesPerThread);
   if (!lower) {
+    if (threads == 1) {  // (no OpenMP region: see parallel_for)
+      for (index_t i = 0; i < n; ++i) body(i, m);
+      return;
+    }
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#pragma omp parallel for schedule(static) num_threads(threads)
 #endif
     for (index_t i = 0; i < n; ++i) body(i, m);
     return;
   }
   const index_t pairs = (n + 1) / 2;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-#endif
-  for (index_t p = 0; p < pairs; ++p) {
+  auto pair = [&](index_t p) {
     body(p, p + 1);
     const index_t q = n - 1 - p;
     if (q != p) body(q, q + 1);
+  };
+  if (threads == 1) {
+    for (index_t p = 0; p < pairs; ++p) pair(p);
+    return;
   }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+  for (index_t p = 0; p < pairs; ++p) pair(p);
 }
 
 // Sum of per-row partial sums in a fixed order (the same result for any thread count).
