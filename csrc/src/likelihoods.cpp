@@ -122,7 +122,11 @@ constexpr double kPriceRelativeSpacing = 1e-4;
 //
 // With s = 2y - 1 the Bernoulli log densities are log Phi(s f) (probit) and log sigmoid(s f)
 // (logit). A block of points has all its nodes' log densities evaluated as one array, so that
-// the long per-value chains of operations overlap (vmath::log_normal_cdf's array form).
+// the long per-value chains of operations overlap (vmath::log_normal_cdf's array form). The
+// array is node-major (node k of point p at k * count + p), so that the sums over the nodes run
+// as vector adds across the block's points. (Summed per point, they ended in three horizontal
+// sums each: the block without its log densities took 1.1 ns per node, now 0.6; the probit
+// block 4.2 ns, now 3.7; 20 nodes, AVX-512, Zen 4.)
 constexpr index_t kPointsPerBlock = 16;
 
 PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const double* x, const double* w, int n_gh,
@@ -131,11 +135,15 @@ PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const double* x, const do
   double z[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];
   double v0[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // log p
   double v1[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // d log p / d(s f)
+  double sign[kPointsPerBlock], scale[kPointsPerBlock];
   const index_t n = count * n_gh;
   for (index_t p = 0; p < count; ++p) {
-    const double s = y[p] > 0.5 ? 1.0 : -1.0, scale = std::sqrt(2.0 * var[p]);
+    sign[p] = y[p] > 0.5 ? 1.0 : -1.0;
+    scale[p] = std::sqrt(2.0 * var[p]);
+  }
+  for (int k = 0; k < n_gh; ++k) {
 #pragma omp simd
-    for (int k = 0; k < n_gh; ++k) z[p * n_gh + k] = s * (mu[p] + scale * x[k]);
+    for (index_t p = 0; p < count; ++p) z[k * count + p] = sign[p] * (mu[p] + scale[p] * x[k]);
   }
   if (probit) {
     vmath::log_normal_cdf(z, v0, v1, n);
@@ -147,27 +155,28 @@ PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const double* x, const do
       v1[i] = sp.of_minus_z;
     }
   }
-  for (index_t p = 0; p < count; ++p) {
-    const double* a0 = v0 + p * n_gh;
-    const double* a1 = v1 + p * n_gh;
-    double e = 0.0, g = 0.0, gx = 0.0;
-#pragma omp simd reduction(+ : e, g, gx)
-    for (int k = 0; k < n_gh; ++k) {
-      e += w[k] * a0[k];
-      g += w[k] * a1[k];
-      gx += w[k] * x[k] * a1[k];
+  double e[kPointsPerBlock] = {}, g[kPointsPerBlock] = {}, gx[kPointsPerBlock] = {};
+  for (int k = 0; k < n_gh; ++k) {
+    const double* a0 = v0 + k * count;
+    const double* a1 = v1 + k * count;
+    const double wk = w[k], wxk = w[k] * x[k];
+#pragma omp simd
+    for (index_t p = 0; p < count; ++p) {
+      e[p] += wk * a0[p];
+      g[p] += wk * a1[p];
+      gx[p] += wxk * a1[p];
     }
-    const double s = y[p] > 0.5 ? 1.0 : -1.0, scale = std::sqrt(2.0 * var[p]);
-    value[p] = e;
-    dmu[p] = s * g;
-    if (var[p] >= kPriceVariance && scale >= kPriceRelativeSpacing * std::fabs(mu[p])) {
-      dvar[p] = s * gx / scale;
+  }
+  for (index_t p = 0; p < count; ++p) {
+    value[p] = e[p];
+    dmu[p] = sign[p] * g[p];
+    if (var[p] >= kPriceVariance && scale[p] >= kPriceRelativeSpacing * std::fabs(mu[p])) {
+      dvar[p] = sign[p] * gx[p] / scale[p];
     } else {
       double h = 0.0;  // sum_k w_k d2(f_k)
       for (int k = 0; k < n_gh; ++k) {
-        const double zk = z[p * n_gh + k];
-        h += w[k] * (probit ? log_normal_cdf_curvature(zk, a1[k])
-                            : -sigmoid_pair(zk).of_z * a1[k]);
+        const double zk = z[k * count + p], a1 = v1[k * count + p];
+        h += w[k] * (probit ? log_normal_cdf_curvature(zk, a1) : -sigmoid_pair(zk).of_z * a1);
       }
       dvar[p] = 0.5 * h;
     }

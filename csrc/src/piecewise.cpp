@@ -20,7 +20,7 @@ constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1 / sqrt(2 pi)
 constexpr double kTailCut = 40.0;
 
 // A loop over points is split across threads only when each thread gets at least this many
-// breakpoint evaluations (an erfc series and two exps each).
+// breakpoint evaluations (an erfc series and an exp each).
 constexpr index_t kMinEvaluationsPerThread = 4096;
 
 // The standardised breakpoint z = (t - m) / s with phi(z) and the small tail Q(|z|) = P(Z > |z|).
@@ -31,8 +31,8 @@ struct Knot {
 };
 
 // The interior breakpoints' Knots for x ~ N(m, s^2): z[k], phi[k], tail[k] for knots[k + 1],
-// k < R - 1, as one loop the compiler vectorises (vmath's exp and erfc series: phi = e^{-z^2/2}
-// / sqrt(2 pi) and Q(|z|) = erfc(|z| / sqrt 2) / 2 = t e^P e^{-z^2/2} / 2 share one exp).
+// k < R - 1, as one loop the compiler vectorises (vmath's exp and scaled normal tail: phi =
+// e^{-z^2/2} / sqrt(2 pi) and Q(|z|) = normal_tail_scaled(z) e^{-z^2/2} share one exp).
 // Beyond kTailCut both are 0.
 PYGPFAST_SIMD_CLONES void interior_knots(const double* knots, index_t R, double m, double s,
                                          double* z, double* phi, double* tail) {
@@ -41,12 +41,10 @@ PYGPFAST_SIMD_CLONES void interior_knots(const double* knots, index_t R, double 
     const double zk = (knots[k + 1] - m) / s;
     const double inside = std::fabs(zk) < kTailCut ? 1.0 : 0.0;
     const double zc = inside != 0.0 ? zk : 0.0;
-    double t, P;
-    vmath::erfcx_series(zc, t, P);
     const double g = vmath::exp(-0.5 * zc * zc);
     z[k] = zk;
     phi[k] = inside * kInvSqrt2Pi * g;
-    tail[k] = inside * 0.5 * t * vmath::exp(P) * g;
+    tail[k] = inside * vmath::normal_tail_scaled(zc) * g;
   }
 }
 
