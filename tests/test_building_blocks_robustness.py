@@ -39,8 +39,14 @@ def test_stationary_kernels_far_apart_inputs_are_not_nan(cls):
     X = np.array([[1e155], [-1e155], [0.0]])
     X2 = np.array([[1e155], [-1e155], [3e160], [1.0]])
     k = cls(variance=2.0)
-    np.testing.assert_array_equal(k(X, X2), 2.0 * _stationary_reference(cls, X, X2))
-    np.testing.assert_array_equal(k(X), 2.0 * _stationary_reference(cls, X, X))
+    # (Exact where the limit is 0 or the variance; the one finite pair at distance 1 to the
+    # rounding: FMA contraction in the core, -ffp-contract=fast, follows inlining decisions and
+    # moved the Matern 3/2 value by an ulp when unrelated code changed.)
+    for got, ref in ((k(X, X2), 2.0 * _stationary_reference(cls, X, X2)),
+                     (k(X), 2.0 * _stationary_reference(cls, X, X))):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_array_equal(got[(ref == 0.0) | (ref == 2.0)], ref[(ref == 0.0) | (ref == 2.0)])
+        np.testing.assert_allclose(got, ref, rtol=1e-15, atol=0)
     np.testing.assert_array_equal(k(np.array([[0.0]]), np.array([[1e160]])), [[0.0]])
     # The same points on an ordinary scale (the lengthscale scaled with them) are unchanged.
     np.testing.assert_allclose(
