@@ -843,10 +843,13 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   if (!serial_inside) guarded(before_blocks);
   std::vector<Partials> scratch(static_cast<std::size_t>(threads));
   std::atomic<index_t> next_kernel{0}, next_vjp{0};
+  // The O(M^3) work of each phase goes to the first thread that reaches it: with another process
+  // on one core, that is more often the thread on the free core.
+  std::atomic<bool> before_taken{false}, after_taken{false};
   run_threads(threads, [&](int t) {
     BlockWork work;
     // A. Before the blocks, and the kept blocks' kernels.
-    if (t == 0 && serial_inside) guarded(before_blocks);
+    if (serial_inside && !before_taken.exchange(true)) guarded(before_blocks);
     for (index_t b; (b = next_kernel.fetch_add(1)) < kept;)
       guarded([&] { evaluator.kernel(b * nb, block_columns(b), kept_K(b), kdiag_kept.data() + b * nb); });
 #ifdef _OPENMP
@@ -888,7 +891,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
 #endif
     }
     // C. After the blocks, and the kept blocks' kernel vjps.
-    if (t == 0 && serial_inside) guarded(after_blocks);
+    if (serial_inside && !after_taken.exchange(true)) guarded(after_blocks);
     if (wants.grads)
       for (index_t b; (b = next_vjp.fetch_add(1)) < kept;)
         guarded([&] {
