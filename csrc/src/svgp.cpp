@@ -852,9 +852,13 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     if (serial_inside && !before_taken.exchange(true)) guarded(before_blocks);
     for (index_t b; (b = next_kernel.fetch_add(1)) < kept;)
       guarded([&] { evaluator.kernel(b * nb, block_columns(b), kept_K(b), kdiag_kept.data() + b * nb); });
+    // (Only in the region: an orphaned barrier on one thread would bind to an enclosing team of
+    // the caller's, if it called from one.)
+    if (threads > 1) {
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
+    }
     // B. The blocks, their partials summed in block order.
     auto block = [&](index_t b) {
       guarded([&] {
