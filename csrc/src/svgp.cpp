@@ -339,37 +339,44 @@ class BlockEvaluator {
 
  private:
   // ---- Path::Precomputed: C_l = Sigma_l K; mu = K^T beta; var_l = kdiag + colsum(K o C_l).
-  // One pass over K and C_0 gives var_0, mu (when L = 1) and w.k2 = colsum(K o K), which the
-  // accuracy check reads.
+  // One pass over K and C_0 gives var_0, w.k2 = colsum(K o K), which the accuracy check reads,
+  // and, when L = 1, mu.
   void precomputed_marginals(ConstMatrixView K, const double* kdiag, BlockWork& w, double* mu, double* var) const {
     const index_t M = sh_.M, L = sh_.L, nb = K.cols;
     if (L > 1)
       blas::gemm(Trans::Yes, Trans::No, 1.0, K, ConstMatrixView(sh_.beta.data(), M, L), 0.0, MatrixView(mu, nb, L));
+    else
+      std::fill(mu, mu + nb, 0.0);
     w.a2.resize(nb);
     w.k2.assign(static_cast<std::size_t>(nb), 0.0);
-    w.t2.assign(static_cast<std::size_t>(nb), 0.0);  // mu when L = 1
+    double* dots = w.a2.data();
+    double* k2 = w.k2.data();
     for (index_t l = 0; l < L; ++l) {
       const MatrixView Cl(w.T.data() + l * M * nb, M, nb);
       blas::symm(Side::Left, Uplo::Lower, 1.0, sh_.Sigma_of(l), K, 0.0, Cl);
-      std::copy(kdiag, kdiag + nb, w.a2.begin());
-      double* dots = w.a2.data();
-      if (l == 0) {
-        double* k2 = w.k2.data();
-        double* m1 = w.t2.data();
+      std::copy(kdiag, kdiag + nb, dots);
+      if (l > 0) {
+        add_column_dots(K, Cl, dots);
+      } else {
         for (index_t m = 0; m < M; ++m) {
           const double* k = K.row(m);
           const double* c = Cl.row(m);
-          const double b = L == 1 ? sh_.beta[m] : 0.0;
+          if (L == 1) {
+            const double b = sh_.beta[m];
 #pragma omp simd
-          for (index_t n = 0; n < nb; ++n) {
-            dots[n] += k[n] * c[n];
-            k2[n] += k[n] * k[n];
-            m1[n] += k[n] * b;
+            for (index_t n = 0; n < nb; ++n) {
+              dots[n] += k[n] * c[n];
+              k2[n] += k[n] * k[n];
+              mu[n] += k[n] * b;
+            }
+          } else {
+#pragma omp simd
+            for (index_t n = 0; n < nb; ++n) {
+              dots[n] += k[n] * c[n];
+              k2[n] += k[n] * k[n];
+            }
           }
         }
-        if (L == 1) std::copy(m1, m1 + nb, mu);
-      } else {
-        add_column_dots(K, Cl, dots);
       }
       for (index_t n = 0; n < nb; ++n) var[n * L + l] = std::max(dots[n], 0.0);
     }
@@ -629,10 +636,9 @@ double kl_divergence(const Shared& sh) {
 // KL's, and the natural-gradient outputs), the likelihood's and the means', and K(Z, Z)'s share
 // of the kernel's and of Z's, which go to grads.kernel (overwritten) and dZzz [M, D].
 void gradients_through_q(const kernels::Kernel& kernel, const Variational& q, const Shared& sh, const Wants& wants,
-                         double jitter, Partials& p, const Gradients& grads_out, Buffer& dZzz) {
+                         double jitter, Partials& p, const Gradients* grads, Buffer& dZzz) {
   const index_t M = sh.M, L = sh.L, D = q.Z.cols;
   const ConstMatrixView LzV = sh.LzV();
-  const Gradients* grads = &grads_out;
   if (p.dSigma.set) precomputed_to_whitened(sh, wants, p);
   // (Every block writes d/dm_w and d/dLz, and d/dL_w, d/dS_w when wanted.)
   if (wants.dSw)
@@ -807,6 +813,12 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   const index_t P = kernel.num_params(), vjp_size = P + M * D;
   Buffer vjp(wants.grads ? static_cast<std::size_t>(blocks * vjp_size) : 0, 0.0);
   auto kept_K = [&](index_t b) { return MatrixView(K_kept.data() + b * M * nb, M, block_columns(b)); };
+  auto kept_dK = [&](index_t b) { return MatrixView(dK_kept.data() + b * M * nb, M, block_columns(b)); };
+  // Block b's kernel gradients into its slot.
+  auto block_vjp = [&](index_t b, ConstMatrixView K, ConstMatrixView dK, BlockWork& work) {
+    double* slot = vjp.data() + b * vjp_size;
+    evaluator.vjp(b * nb, K, dK, work, slot, MatrixView(slot + P, M, D));
+  };
 
   // The O(M^3) work before the blocks.
   auto before_blocks = [&] {
@@ -823,7 +835,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     res.expected_log_lik = batch.scale * fixed_order_sum(f.data(), B);
     res.kl = kl_divergence(sh);
     res.elbo = res.expected_log_lik - res.kl;
-    if (wants.grads) gradients_through_q(kernel, q, sh, wants, jitter, p, *grads, dZzz);
+    if (wants.grads) gradients_through_q(kernel, q, sh, wants, jitter, p, grads, dZzz);
   };
 
   std::exception_ptr error;
@@ -864,19 +876,21 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
       guarded([&] {
         const index_t n0 = b * nb, cols = block_columns(b);
         scratch[t].reset();
-        MatrixView K = b < kept ? kept_K(b) : MatrixView();
-        const double* kdiag = b < kept ? kdiag_kept.data() + n0 : nullptr;
-        if (b >= kept) {
+        MatrixView K;
+        const double* kdiag;
+        if (b < kept) {
+          K = kept_K(b);
+          kdiag = kdiag_kept.data() + n0;
+        } else {
           work.K.resize(M * cols);
           work.kdiag.resize(cols);
           K = MatrixView(work.K.data(), M, cols);
-          evaluator.kernel(n0, cols, K, work.kdiag.data());
           kdiag = work.kdiag.data();
+          evaluator.kernel(n0, cols, K, work.kdiag.data());
         }
         const MatrixView dK = evaluator.forward_reverse(n0, K, kdiag, work, scratch[t],
-                                                        b < kept && wants.grads ? dK_kept.data() + b * M * nb : nullptr);
-        if (wants.grads && b >= kept)
-          evaluator.vjp(n0, K, dK, work, vjp.data() + b * vjp_size, MatrixView(vjp.data() + b * vjp_size + P, M, D));
+                                                        b < kept && wants.grads ? kept_dK(b).data : nullptr);
+        if (wants.grads && b >= kept) block_vjp(b, K, dK, work);
       });
     };
     if (threads == 1) {
@@ -898,10 +912,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     if (serial_inside && !after_taken.exchange(true)) guarded(after_blocks);
     if (wants.grads)
       for (index_t b; (b = next_vjp.fetch_add(1)) < kept;)
-        guarded([&] {
-          evaluator.vjp(b * nb, kept_K(b), ConstMatrixView(dK_kept.data() + b * M * nb, M, block_columns(b)), work,
-                        vjp.data() + b * vjp_size, MatrixView(vjp.data() + b * vjp_size + P, M, D));
-        });
+        guarded([&] { block_vjp(b, kept_K(b), kept_dK(b), work); });
   });
   if (!serial_inside) guarded(after_blocks);
   if (error) std::rethrow_exception(error);
