@@ -332,7 +332,7 @@ def test_threaded_rank_b_updates_do_not_depend_on_the_thread_count(restore_threa
     for n in (1, 2):
         pygpfast.set_num_threads(n)
         Vs.append(cvi.infer(Sigma, y, lb, lambda_=lam, max_iter=0, return_V=True).V[0])
-    if pygpfast._core.blas_thread_control:
+    if pygpfast._core.blas.thread_control:
         assert np.array_equal(Vs[0], Vs[1])
     else:
         np.testing.assert_allclose(Vs[0], Vs[1], rtol=0, atol=1e-13 * np.abs(Vs[0]).max())
@@ -545,7 +545,7 @@ def test_hyperparameter_gradients_match_finite_differences(kind):
     mean = np.full(L, 0.2)
 
     def bound(params, mean, lb):
-        info, _, _, grads, _ = _core.cvi_fit_step(
+        info, _, _, grads, _ = _core.cvi.fit_step(
             codes, params, *lb._core_args(), X, y, mean, 0.0, np.zeros((L, N)), np.zeros((L, N)),
             500, 1e-15, 16, 30, 0.0, True, False)
         return info["bound"], grads
@@ -582,12 +582,12 @@ def test_predict_f_matches_the_dense_formula(rng):
     codes, params = kernel._spec(2)
     mean = np.array([0.1, -0.2, 0.3])
     jitter = 1e-3  # relative to the mean diagonal of K
-    info, alpha, lam, _, Pi = _core.cvi_fit_step(
+    info, alpha, lam, _, Pi = _core.cvi.fit_step(
         codes, params, *lb._core_args(), X, y, mean, jitter, np.zeros((3, 40)),
         np.zeros((3, 40)), 200, 1e-12, 16, 30, 0.0, False, True)
     Xs = rng.standard_normal((7, 2))
-    F = _core.cvi_predictive_factor(codes, params, X, jitter, lam)
-    mu, var = _core.cvi_predict_f(codes, params, X, mean, alpha, lam, F, Xs)
+    F = _core.cvi.predictive_factor(codes, params, X, jitter, lam)
+    mu, var = _core.cvi.predict_f(codes, params, X, mean, alpha, lam, F, Xs)
     Ks, Kss = kernel(Xs, X), np.diag(kernel(Xs))
     K = kernel(X)
     K += jitter * np.mean(np.diag(K)) * np.eye(40)
@@ -612,7 +612,7 @@ def test_pi_keeps_its_digits_at_large_site_precisions(rng):
     codes, params = kernel._spec(1)
     lb = cvi.LocalBound("poisson")
     mean, jitter = np.array([np.log(1e7)]), 1e-6
-    info, alpha, lam, _, Pi = _core.cvi_fit_step(
+    info, alpha, lam, _, Pi = _core.cvi.fit_step(
         codes, params, *lb._core_args(), X, y, mean, jitter, np.zeros((1, 30)),
         np.zeros((1, 30)), 200, 1e-12, 16, 30, 0.0, False, True)
     assert lam.min() > 1e6
@@ -628,13 +628,13 @@ def test_prior_covariance_is_k_plus_relative_jitter():
     X, _, kernel, _ = _problem("logit", N=25)
     codes, params = kernel._spec(2)
     K = kernel(X)
-    S = _core.cvi_prior_covariance(codes, params, X, 1e-3)
+    S = _core.cvi.prior_covariance(codes, params, X, 1e-3)
     np.testing.assert_allclose(S, K + 1e-3 * np.mean(np.diag(K)) * np.eye(25), rtol=1e-14, atol=1e-15)
-    np.testing.assert_array_equal(_core.cvi_prior_covariance(codes, params, X, 0.0), K)
+    np.testing.assert_array_equal(_core.cvi.prior_covariance(codes, params, X, 0.0), K)
     with pytest.raises(ValueError, match="jitter must be >= 0"):
-        _core.cvi_prior_covariance(codes, params, X, -1.0)
+        _core.cvi.prior_covariance(codes, params, X, -1.0)
     with pytest.raises(ValueError, match="at least one data point"):
-        _core.cvi_prior_covariance(codes, params, X[:0], 1e-6)
+        _core.cvi.prior_covariance(codes, params, X[:0], 1e-6)
 
 
 def test_errors_are_clear():

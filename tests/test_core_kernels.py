@@ -1,4 +1,4 @@
-"""Raw kernel bindings (_core.kernel_*) against dense numpy references."""
+"""Raw kernel bindings (_core.kernels.*) against dense numpy references."""
 
 import numpy as np
 import pytest
@@ -114,12 +114,12 @@ def test_K_and_Kdiag_match_numpy(name, data):
     X, X2, _ = data
     codes, params = describe(TREES[name])
     np.testing.assert_allclose(
-        _core.kernel_K(codes, params, X, X2), ref_K(TREES[name], X, X2), rtol=1e-12, atol=1e-12
+        _core.kernels.K(codes, params, X, X2), ref_K(TREES[name], X, X2), rtol=1e-12, atol=1e-12
     )
-    K = _core.kernel_K(codes, params, X, None)
+    K = _core.kernels.K(codes, params, X, None)
     np.testing.assert_allclose(K, ref_K(TREES[name], X), rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(K, K.T)
-    np.testing.assert_allclose(_core.kernel_Kdiag(codes, params, X), np.diag(K), rtol=1e-14)
+    np.testing.assert_allclose(_core.kernels.Kdiag(codes, params, X), np.diag(K), rtol=1e-14)
 
 
 def central_difference(f, x, eps=1e-6):
@@ -140,7 +140,7 @@ def test_vjp_matches_finite_differences_of_numpy(name, same, data):
     codes, params = describe(tree)
     if same:
         X2, G = None, np.random.default_rng(5).normal(size=(9, 9))
-    dparams, dX, dX2 = _core.kernel_K_vjp(codes, params, X, X2, G, True, True)
+    dparams, dX, dX2 = _core.kernels.K_vjp(codes, params, X, X2, G, True, True)
 
     np.testing.assert_allclose(
         dparams,
@@ -159,7 +159,7 @@ def test_vjp_matches_finite_differences_of_numpy(name, same, data):
 
     g = np.ascontiguousarray(G[:, 0])
     np.testing.assert_allclose(
-        _core.kernel_Kdiag_vjp(codes, params, X, g),
+        _core.kernels.Kdiag_vjp(codes, params, X, g),
         central_difference(lambda p: g @ np.diag(ref_K(with_params(tree, p), X)), params),
         rtol=1e-6,
         atol=1e-7,
@@ -175,9 +175,9 @@ def test_vjp_from_forward_values_matches(name, same, data):
     codes, params = describe(TREES[name])
     if same:
         X2, G = None, np.random.default_rng(5).normal(size=(9, 9))
-    values = _core.kernel_K(codes, params, X, X2)
-    plain = _core.kernel_K_vjp(codes, params, X, X2, G, True, True)
-    reused = _core.kernel_K_vjp(codes, params, X, X2, G, True, True, values=values)
+    values = _core.kernels.K(codes, params, X, X2)
+    plain = _core.kernels.K_vjp(codes, params, X, X2, G, True, True)
+    reused = _core.kernels.K_vjp(codes, params, X, X2, G, True, True, values=values)
     for a, b in zip(reused, plain):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
 
@@ -185,7 +185,7 @@ def test_vjp_from_forward_values_matches(name, same, data):
 def test_vjp_skips_unrequested_input_gradients(data):
     X, X2, G = data
     codes, params = describe(LEAVES["rbf_ard"])
-    dparams, dX, dX2 = _core.kernel_K_vjp(codes, params, X, X2, G, False, False)
+    dparams, dX, dX2 = _core.kernels.K_vjp(codes, params, X, X2, G, False, False)
     assert dparams.shape == (4,) and dX is None and dX2 is None
 
 
@@ -198,7 +198,7 @@ def test_inputs_far_from_origin_keep_accuracy():
     tree = leaf(RBF, 1.5, 0.6, 1.3)
     codes, params = describe(tree)
     K = ref_K(tree, X, X2)
-    np.testing.assert_allclose(_core.kernel_K(codes, params, X, X2), K, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(_core.kernels.K(codes, params, X, X2), K, rtol=1e-9, atol=1e-12)
 
     lengthscale = params[1:]
     diff = X[:, None, :] - X2[None, :, :]  # [N, M, D]
@@ -206,7 +206,7 @@ def test_inputs_far_from_origin_keep_accuracy():
     expected_dl = np.sum(GK * diff**2, axis=(0, 1)) / lengthscale**3
     expected_dX = -np.sum(GK * diff, axis=1) / lengthscale**2
     expected_dX2 = np.sum(GK * diff, axis=0) / lengthscale**2
-    dparams, dX, dX2 = _core.kernel_K_vjp(codes, params, X, X2, G, True, True)
+    dparams, dX, dX2 = _core.kernels.K_vjp(codes, params, X, X2, G, True, True)
     np.testing.assert_allclose(dparams[1:], expected_dl, rtol=1e-9)
     np.testing.assert_allclose(dX, expected_dX, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(dX2, expected_dX2, rtol=1e-9, atol=1e-12)
@@ -242,7 +242,7 @@ def test_inputs_spread_over_a_million_lengthscales_keep_accuracy(code, same, wit
     codes, params = describe(tree)
     G = rng.normal(size=(X.shape[0], Xr.shape[0]))
     K = ref_K(tree, X, X2)
-    np.testing.assert_allclose(_core.kernel_K(codes, params, X, X2), K, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(_core.kernels.K(codes, params, X, X2), K, rtol=1e-8, atol=1e-10)
 
     diff = (X[:, None, :] - Xr[None, :, :]) / lengthscale  # [N, M, D], scaled
     W = G * s2 * ref_slope(code, (diff**2).sum(-1))
@@ -250,8 +250,8 @@ def test_inputs_spread_over_a_million_lengthscales_keep_accuracy(code, same, wit
                                -2 * np.einsum("ij,ijd->d", W, diff**2) / lengthscale])
     expected_dX = 2 * np.einsum("ij,ijd->id", W, diff) / lengthscale
     expected_dX2 = -2 * np.einsum("ij,ijd->jd", W, diff) / lengthscale
-    values = _core.kernel_K(codes, params, X, X2) if with_values else None
-    dparams, dX, dX2 = _core.kernel_K_vjp(codes, params, X, X2, G, True, not same, values)
+    values = _core.kernels.K(codes, params, X, X2) if with_values else None
+    dparams, dX, dX2 = _core.kernels.K_vjp(codes, params, X, X2, G, True, not same, values)
     scale = np.abs(expected).max()
     np.testing.assert_allclose(dparams, expected, rtol=1e-8, atol=1e-10 * scale)
     if same:  # one input: both roles' gradients land in dX
@@ -297,10 +297,10 @@ GOOD_CODES, GOOD_PARAMS = describe(LEAVES["rbf_ard"])
 def test_bad_description_raises_value_error(codes, params, message):
     X = np.ones((4, 3))
     for call in (
-        lambda: _core.kernel_K(codes, params, X, None),
-        lambda: _core.kernel_Kdiag(codes, params, X),
-        lambda: _core.kernel_K_vjp(codes, params, X, None, np.ones((4, 4)), True, True),
-        lambda: _core.kernel_Kdiag_vjp(codes, params, X, np.ones(4)),
+        lambda: _core.kernels.K(codes, params, X, None),
+        lambda: _core.kernels.Kdiag(codes, params, X),
+        lambda: _core.kernels.K_vjp(codes, params, X, None, np.ones((4, 4)), True, True),
+        lambda: _core.kernels.Kdiag_vjp(codes, params, X, np.ones(4)),
     ):
         with pytest.raises(ValueError, match=message):
             call()
@@ -310,14 +310,14 @@ def test_bad_arrays_raise_value_error():
     X = np.ones((4, 3))
     codes, params = GOOD_CODES, GOOD_PARAMS
     cases = [
-        (lambda: _core.kernel_K(codes, params, X.astype(np.float32), None), "float64"),
-        (lambda: _core.kernel_K(codes, params, np.asfortranarray(X), None), "C-contig"),
-        (lambda: _core.kernel_K(codes, params, np.ones(3), None), "2-D"),
-        (lambda: _core.kernel_K(codes, params, X, np.ones((2, 2))), "X2 has 2 columns"),
-        (lambda: _core.kernel_K(codes, params, np.ones((4, 2)), None), "2 or 3"),
-        (lambda: _core.kernel_K_vjp(codes, params, X, None, np.ones((4, 3)), False, False), "G"),
-        (lambda: _core.kernel_K_vjp(codes, params, X, X, np.ones(4), False, False), "2-D"),
-        (lambda: _core.kernel_Kdiag_vjp(codes, params, X, np.ones(3)), "length 4"),
+        (lambda: _core.kernels.K(codes, params, X.astype(np.float32), None), "float64"),
+        (lambda: _core.kernels.K(codes, params, np.asfortranarray(X), None), "C-contig"),
+        (lambda: _core.kernels.K(codes, params, np.ones(3), None), "2-D"),
+        (lambda: _core.kernels.K(codes, params, X, np.ones((2, 2))), "X2 has 2 columns"),
+        (lambda: _core.kernels.K(codes, params, np.ones((4, 2)), None), "2 or 3"),
+        (lambda: _core.kernels.K_vjp(codes, params, X, None, np.ones((4, 3)), False, False), "G"),
+        (lambda: _core.kernels.K_vjp(codes, params, X, X, np.ones(4), False, False), "2-D"),
+        (lambda: _core.kernels.Kdiag_vjp(codes, params, X, np.ones(3)), "length 4"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -327,8 +327,8 @@ def test_bad_arrays_raise_value_error():
 def test_empty_inputs_give_empty_results():
     codes, params = GOOD_CODES, GOOD_PARAMS
     X = np.ones((0, 3))
-    assert _core.kernel_K(codes, params, X, np.ones((2, 3))).shape == (0, 2)
-    assert _core.kernel_Kdiag(codes, params, X).shape == (0,)
-    dparams, dX, _ = _core.kernel_K_vjp(codes, params, X, None, np.ones((0, 0)), True, False)
+    assert _core.kernels.K(codes, params, X, np.ones((2, 3))).shape == (0, 2)
+    assert _core.kernels.Kdiag(codes, params, X).shape == (0,)
+    dparams, dX, _ = _core.kernels.K_vjp(codes, params, X, None, np.ones((0, 0)), True, False)
     np.testing.assert_array_equal(dparams, 0.0)
     assert dX.shape == (0, 3)

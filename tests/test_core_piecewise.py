@@ -1,4 +1,4 @@
-"""The raw piecewise-bound binding (pygpfast._core.piecewise_expected_bound).
+"""The raw piecewise-bound binding (pygpfast._core.piecewise.expected_bound).
 
 E[B(x)] for x ~ N(m, v) against brute-force quadrature, its derivatives against finite
 differences, the heat-equation identity, limits (v = 0, large |m|), thread invariance and
@@ -29,7 +29,7 @@ TOY = (
 def expected(table, m, v):
     m = np.atleast_1d(np.asarray(m, dtype=np.float64))
     v = np.broadcast_to(np.asarray(v, dtype=np.float64), m.shape).copy()
-    return _core.piecewise_expected_bound(*table, m, v)
+    return _core.piecewise.expected_bound(*table, m, v)
 
 
 def quad_reference(table, m, v):
@@ -143,9 +143,9 @@ def test_results_do_not_depend_on_thread_count(restore_threads, rng):
     v = np.exp(rng.uniform(np.log(1e-8), np.log(1e3), n))
     v[::17] = 0.0
     pygpfast.set_num_threads(1)
-    one = _core.piecewise_expected_bound(*TABLE, m, v)
+    one = _core.piecewise.expected_bound(*TABLE, m, v)
     pygpfast.set_num_threads(2)
-    two = _core.piecewise_expected_bound(*TABLE, m, v)
+    two = _core.piecewise.expected_bound(*TABLE, m, v)
     for x, y in zip(one, two):
         np.testing.assert_array_equal(x, y)
 
@@ -175,32 +175,32 @@ def bad(table, **change):
 )
 def test_bad_tables_raise(change, message):
     with pytest.raises(ValueError, match=message):
-        _core.piecewise_expected_bound(*bad(TOY, **change), np.zeros(2), np.ones(2))
+        _core.piecewise.expected_bound(*bad(TOY, **change), np.zeros(2), np.ones(2))
 
 
 def test_bad_points_raise():
     with pytest.raises(ValueError, match="v\\[1\\] = -1"):
-        _core.piecewise_expected_bound(*TOY, np.zeros(2), np.array([1.0, -1.0]))
+        _core.piecewise.expected_bound(*TOY, np.zeros(2), np.array([1.0, -1.0]))
     with pytest.raises(ValueError, match="v\\[0\\] = inf"):
-        _core.piecewise_expected_bound(*TOY, np.zeros(2), np.array([np.inf, 1.0]))
+        _core.piecewise.expected_bound(*TOY, np.zeros(2), np.array([np.inf, 1.0]))
     with pytest.raises(ValueError, match="m\\[1\\] = nan"):
-        _core.piecewise_expected_bound(*TOY, np.array([0.0, np.nan]), np.ones(2))
+        _core.piecewise.expected_bound(*TOY, np.array([0.0, np.nan]), np.ones(2))
     with pytest.raises(ValueError, match="v must have length 2, got 3"):
-        _core.piecewise_expected_bound(*TOY, np.zeros(2), np.ones(3))
+        _core.piecewise.expected_bound(*TOY, np.zeros(2), np.ones(3))
     with pytest.raises(ValueError, match="float64"):
-        _core.piecewise_expected_bound(*TOY, np.zeros(2, dtype=np.float32), np.ones(2))
+        _core.piecewise.expected_bound(*TOY, np.zeros(2, dtype=np.float32), np.ones(2))
 
 
 def test_single_piece_is_a_gaussian_moment():
     # One quadratic on the whole line: E[a x^2 + b x + c] = a (m^2 + v) + b m + c.
     table = (np.array([-np.inf, np.inf]), np.array([0.7]), np.array([-0.2]), np.array([0.1]))
     m, v = np.array([-3.0, 0.0, 2.5]), np.array([0.0, 1.0, 4.0])
-    value, dm, dv = _core.piecewise_expected_bound(*table, m, v)
+    value, dm, dv = _core.piecewise.expected_bound(*table, m, v)
     np.testing.assert_allclose(value, 0.7 * (m**2 + v) - 0.2 * m + 0.1, rtol=1e-15)
     np.testing.assert_allclose(dm, 1.4 * m - 0.2, rtol=1e-15)
     np.testing.assert_allclose(dv, 0.7, rtol=1e-15)
 
 
 def test_empty_input():
-    value, dm, dv = _core.piecewise_expected_bound(*TOY, np.zeros(0), np.zeros(0))
+    value, dm, dv = _core.piecewise.expected_bound(*TOY, np.zeros(0), np.zeros(0))
     assert value.shape == dm.shape == dv.shape == (0,)

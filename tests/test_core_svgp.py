@@ -1,4 +1,4 @@
-"""The raw SVGP binding (pygpfast._core.svgp_elbo): the natural-gradient outputs d ELL / d m
+"""The raw SVGP binding (pygpfast._core.svgp.elbo): the natural-gradient outputs d ELL / d m
 and d ELL / d S against finite differences of a dense reference written in terms of (m, S)."""
 
 import numpy as np
@@ -42,8 +42,8 @@ def test_natural_outputs_match_finite_differences(rng, whiten):
     lik = likelihoods.Bernoulli("probit")
     codes, params = kernel._spec(D)
     args = (codes, params, *lik._core_args(), Z, m, L, whiten, X, y, scale, jitter, True)
-    _, _, _, _, (d_m, d_S, d_Z, d_kern, _, _) = _core.svgp_elbo(*args, natural=True)
-    _, _, _, _, (_, _, d_Z_plain, d_kern_plain, _, _) = _core.svgp_elbo(*args)
+    _, _, _, _, (d_m, d_S, d_Z, d_kern, _, _) = _core.svgp.elbo(*args, natural=True)
+    _, _, _, _, (_, _, d_Z_plain, d_kern_plain, _, _) = _core.svgp.elbo(*args)
     np.testing.assert_array_equal(d_Z, d_Z_plain)
     np.testing.assert_array_equal(d_kern, d_kern_plain)
     np.testing.assert_array_equal(d_S, d_S.T)
@@ -76,7 +76,7 @@ def test_natural_outputs_gaussian_closed_form(rng):
     lik = likelihoods.Gaussian(variance=0.2)
     codes, params = kernel._spec(D)
     m, L = np.zeros(M), np.eye(M)
-    _, _, _, _, (d_m, d_S, _, _, _, _) = _core.svgp_elbo(
+    _, _, _, _, (d_m, d_S, _, _, _, _) = _core.svgp.elbo(
         codes, params, *lik._core_args(), Z, m, L, True, X, y, 2.0, 1e-6, True, natural=True
     )
     Lz = np.linalg.cholesky(jittered(kernel(Z), 1e-6))
@@ -101,7 +101,7 @@ def path_problem(rng, M, B, D=2, lengthscale=1.2, whiten=True):
 def elbo_by_path(kernel, Z, m, L, whiten, X, y, path, natural=False, jitter=1e-6):
     lik = likelihoods.Bernoulli("probit")
     codes, params = kernel._spec(Z.shape[1])
-    return _core.svgp_elbo(codes, params, *lik._core_args(), Z, m, L, whiten, X, y, 3.0, jitter, True,
+    return _core.svgp.elbo(codes, params, *lik._core_args(), Z, m, L, whiten, X, y, 3.0, jitter, True,
                            natural=natural, path=path, return_path=True)
 
 
@@ -234,7 +234,7 @@ def test_phases_do_not_depend_on_the_thread_count(rng, restore_threads, whiten, 
         pygpfast.set_num_threads(threads)
         out.append(elbo_by_path(kernel, Z, m, L, whiten, X, y, path, natural=natural))
     assert out[0][5] == out[1][5] == path
-    if not _core.blas_thread_control:  # (the blocks' BLAS calls then run on the BLAS's threads)
+    if not _core.blas.thread_control:  # (the blocks' BLAS calls then run on the BLAS's threads)
         pytest.skip("this BLAS's thread count cannot be set")
     assert out[0][0] == out[1][0]
     for a, b in zip(out[0][4], out[1][4]):

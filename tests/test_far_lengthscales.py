@@ -174,7 +174,7 @@ def test_a_memoriser_the_search_moved_to_is_a_convergence_warning(monkeypatch):
     # Where there is no second start, the memoriser is named.
     import pygpfast.cvi
 
-    monkeypatch.setattr(pygpfast.cvi, "_second_start", lambda *args: None)
+    monkeypatch.setattr(pygpfast.cvi._estimators, "_second_start", lambda *args: None)
     X, y, _, _ = _memoriser_data(3)
     with pytest.warns(ConvergenceWarning, match=r"numerically diagonal.*The search moved there "
                                                 r"from a start that correlates the inputs"):

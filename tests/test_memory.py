@@ -10,7 +10,8 @@ import pytest
 
 import pygpfast
 from pygpfast import (SVGPClassifier, SVGPRegressor, VGPClassifier, VGPPoissonRegressor,
-                      _core, _memory, cvi, svgp)
+                      _core, cvi, svgp)
+from pygpfast._base import _memory
 from pygpfast.kernels import RBF, Matern32
 
 
@@ -48,7 +49,7 @@ def test_vgp_fit_refused_before_allocating(available, monkeypatch, likelihood, C
     y = np.digitize(X[:, 0], np.linspace(-1, 1, C - 1))
     needed = 8 * matrices * N * N
     available(needed - 1)
-    monkeypatch.setattr(_core, "cvi_fit_step", no_core_call)
+    monkeypatch.setattr(_core.cvi, "fit_step", no_core_call)
     with pytest.raises(MemoryError) as e:
         VGPClassifier(likelihood).fit(X, y)
     message = str(e.value)
@@ -72,7 +73,7 @@ def test_vgp_poisson_and_product_kernel_counts(available, monkeypatch):
     rng = np.random.default_rng(2)
     X = rng.normal(size=(100, 2))
     y = rng.poisson(2.0, size=100)
-    monkeypatch.setattr(_core, "cvi_fit_step", no_core_call)
+    monkeypatch.setattr(_core.cvi, "fit_step", no_core_call)
     available(1000)
     with pytest.raises(MemoryError, match=r"SVGPRegressor\(likelihood=pygpfast\.likelihoods"):
         VGPPoissonRegressor().fit(X, y)
@@ -90,7 +91,7 @@ def test_vgp_core_bad_alloc_gets_context(monkeypatch):
     def bad_alloc(*args, **kwargs):
         raise MemoryError("std::bad_alloc")
 
-    monkeypatch.setattr(_core, "cvi_fit_step", bad_alloc)
+    monkeypatch.setattr(_core.cvi, "fit_step", bad_alloc)
     est = VGPClassifier()
     with pytest.raises(MemoryError, match=r"ran out of memory \(std::bad_alloc; it needs about "
                                           r".*use SVGPClassifier") as e:
@@ -108,13 +109,13 @@ def test_vgp_refit_releases_the_previous_predictive_factor(monkeypatch):
     est = VGPClassifier(max_iter=2).fit(X, y)
     assert est.predictive_factor_ is not None
     seen = []
-    fit_step = _core.cvi_fit_step
+    fit_step = _core.cvi.fit_step
 
     def recording(*args, **kwargs):
         seen.append(getattr(est, "predictive_factor_", None))
         return fit_step(*args, **kwargs)
 
-    monkeypatch.setattr(_core, "cvi_fit_step", recording)
+    monkeypatch.setattr(_core.cvi, "fit_step", recording)
     est.fit(X, y)
     assert seen and all(f is None for f in seen)
     assert est.predictive_factor_.shape == (1, 50, 50)
@@ -149,8 +150,8 @@ def test_svgp_fit_refused_before_kmeans(available, monkeypatch, optimizer):
     rng = np.random.default_rng(6)
     X = rng.normal(size=(300, 2))
     y = rng.integers(0, 3, size=300)
-    monkeypatch.setattr(svgp, "_init_inducing", no_core_call)
-    a, b = svgp._SVGPEstimator._FIT_MATRICES[optimizer]
+    monkeypatch.setattr(svgp._estimators, "_init_inducing", no_core_call)
+    a, b = svgp._estimators._SVGPEstimator._FIT_MATRICES[optimizer]
     needed = 8 * (3 * a + b) * 200 * 200
     available(needed - 1)
     with pytest.raises(MemoryError) as e:
@@ -165,7 +166,7 @@ def test_svgp_fit_refused_before_kmeans(available, monkeypatch, optimizer):
 def test_svgp_partial_fit_and_regressor_refused(available, monkeypatch):
     rng = np.random.default_rng(7)
     X = rng.normal(size=(200, 2))
-    monkeypatch.setattr(svgp, "_init_inducing", no_core_call)
+    monkeypatch.setattr(svgp._estimators, "_init_inducing", no_core_call)
     available(1000)
     with pytest.raises(MemoryError, match="SVGPClassifier.partial_fit \\(optimizer='natgrad'\\)"):
         SVGPClassifier(n_inducing=50).partial_fit(X, X[:, 0] > 0, classes=[False, True])
@@ -177,7 +178,7 @@ def test_svgp_partial_fit_and_regressor_refused(available, monkeypatch):
 def test_svgp_fit_that_fits_is_not_refused(available):
     rng = np.random.default_rng(8)
     X, y = binary(100, rng)
-    a, b = svgp._SVGPEstimator._FIT_MATRICES["lbfgs"]
+    a, b = svgp._estimators._SVGPEstimator._FIT_MATRICES["lbfgs"]
     available(8 * (a + b) * 20 * 20)
     est = SVGPClassifier(n_inducing=20, max_iter=5).fit(X, y)
     assert est.inducing_points_.shape == (20, 2)
@@ -191,7 +192,7 @@ def test_svgp_step_memory_error_gets_context(monkeypatch):
     def bad_alloc(*args, **kwargs):
         raise MemoryError("std::bad_alloc")
 
-    monkeypatch.setattr(_core, "svgp_elbo", bad_alloc)
+    monkeypatch.setattr(_core.svgp, "elbo", bad_alloc)
     est = SVGPClassifier(n_inducing=10)
     with pytest.raises(MemoryError, match=r"M = 10 inducing points .*ran out of memory "
                                           r"\(std::bad_alloc"):
@@ -205,7 +206,7 @@ def test_svgp_multiclass_probabilities_scratch_is_bounded(monkeypatch):
     # predict_proba took the marginals of every row at once, then the softmax's scratch: a
     # peak of 4 times its output (122 MiB for 30.5 MiB at T = 2e5, C = 20). Row blocks sized
     # by the number of classes bound the temporaries to those of one block.
-    from pygpfast import _streaming
+    from pygpfast._base import _streaming
 
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(300, 3)), rng.integers(0, 10, 300)
@@ -232,7 +233,7 @@ def test_svgp_mf_refusal_names_the_method(available, monkeypatch):
     # which method='mf' does not take)
     rng = np.random.default_rng(9)
     X, y = binary(100, rng)
-    monkeypatch.setattr(svgp, "_init_inducing", no_core_call)
+    monkeypatch.setattr(svgp._estimators, "_init_inducing", no_core_call)
     available(1000)
     with pytest.raises(MemoryError) as e:
         SVGPClassifier(n_inducing=50, method="mf").fit(X, y)

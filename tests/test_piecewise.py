@@ -295,7 +295,7 @@ def test_expected_llp_bound_matches_the_core_and_validates(restore_threads):
     bound = llp_bound(20)
     m, v = [0.5, -2.0, 3.0], [1.0, 0.0, 4.0]
     value, dm, dv = expected_llp_bound(bound, m, v)
-    core = pygpfast._core.piecewise_expected_bound(bound.knots, bound.a, bound.b, bound.c,
+    core = pygpfast._core.piecewise.expected_bound(bound.knots, bound.a, bound.b, bound.c,
                                                    np.array(m), np.array(v))
     for x, y in zip((value, dm, dv), core):
         np.testing.assert_array_equal(x, y)

@@ -121,7 +121,7 @@ def test_only_the_search_kept_warns(monkeypatch, case, kept):
         def worse(start, X, random_state, variance=1.0):
             return RBF(variance=1e4, lengthscale=1e-4)
 
-        for module in (pygpfast.svgp, pygpfast.cvi):
+        for module in (pygpfast.svgp._estimators, pygpfast.cvi._estimators):
             monkeypatch.setattr(module, "_second_start", worse)
     est, caught = _caught(lambda: make(RBF(lengthscale=1e4),
                                        callback=_tagging_callback(kept == "given"))

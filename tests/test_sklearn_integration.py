@@ -71,7 +71,7 @@ def test_threaded_fits_leave_the_blas_thread_count(monkeypatch):
                 with guard:
                     active[0] -= 1
 
-    monkeypatch.setattr(pygpfast.svgp, "KMeans", Tracked)
+    monkeypatch.setattr(pygpfast.svgp._estimators, "KMeans", Tracked)
     X, y, _, _ = _data(200)
 
     def blas_threads():
@@ -96,7 +96,7 @@ def test_threading_backend_matches_serial_fits():
     # thread changes it, and the rounding with it.
     X, y, yr, _ = _data(200)
     cv = KFold(3, shuffle=True, random_state=0)
-    svgp_rtol = 0 if pygpfast._core.blas_thread_control else 1e-9
+    svgp_rtol = 0 if pygpfast._core.blas.thread_control else 1e-9
     for est, target, method, rtol in (
             (SVGPClassifier(n_inducing=10, max_iter=10, random_state=0), y, "predict_proba",
              svgp_rtol),

@@ -259,7 +259,7 @@ def test_predictions_sum_to_one_and_stay_finite_in_extremes():
     np.testing.assert_allclose(np.exp(log_proba), proba, rtol=1e-13, atol=1e-300)
     np.testing.assert_allclose(log_proba[0, 1], -805.0 + 0.25, atol=0.01)
     with pytest.raises(ValueError, match="softmax"):
-        pygpfast._core.predict_log_class_probabilities(*Bernoulli()._core_args(), mu[:, 0].copy(), var[:, 0].copy())
+        pygpfast._core.likelihoods.predict_log_class_probabilities(*Bernoulli()._core_args(), mu[:, 0].copy(), var[:, 0].copy())
 
 
 def logistic_moments(m, v):

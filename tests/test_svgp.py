@@ -127,7 +127,7 @@ def test_constant_prior_mean(rng, name, whiten):
               g["prior_mean"])
     codes, params = kernel._spec(2)
     for path in ("solve", "precomputed"):
-        *_, grads, used = _core.svgp_elbo(codes, params, *model.likelihood._core_args(), Z, q_mu, q_sqrt,
+        *_, grads, used = _core.svgp.elbo(codes, params, *model.likelihood._core_args(), Z, q_mu, q_sqrt,
                                          whiten, X, y, 2.5, 1e-6, True, path=path, return_path=True,
                                          prior_mean=model.prior_mean)
         assert used == path
@@ -138,7 +138,7 @@ def test_constant_prior_mean(rng, name, whiten):
     np.testing.assert_allclose(mean, mean0 + 0.7, rtol=1e-13)
     np.testing.assert_array_equal(var, var0)
     with pytest.raises(ValueError, match="prior_mean"):
-        _core.svgp_elbo(codes, params, *model.likelihood._core_args(), Z, q_mu, q_sqrt, whiten, X, y,
+        _core.svgp.elbo(codes, params, *model.likelihood._core_args(), Z, q_mu, q_sqrt, whiten, X, y,
                         1.0, 1e-6, False, prior_mean=np.array([np.nan]))
 
 
@@ -258,7 +258,7 @@ def test_elbo_thread_invariant(rng, restore_threads):
     # partial gradients are summed in block order (svgp.hpp): the same result to the bit. Where
     # the BLAS thread count cannot be set the blocks run on one thread and their calls on the
     # BLAS's threads (threads_for_blas_calls), which round differently (Z's gradient 2e-12 apart).
-    if pygpfast._core.blas_thread_control:
+    if pygpfast._core.blas.thread_control:
         assert out[0][0] == out[1][0]
         for key in ("q_mu", "q_sqrt", "Z", "kernel"):
             np.testing.assert_array_equal(out[0][1][key], out[1][1][key])

@@ -11,7 +11,7 @@ from scipy.special import log_ndtr
 
 import pygpfast
 from pygpfast import _core, kernels
-from pygpfast._svgp_mf import mf_bound, mf_posterior
+from pygpfast.svgp._mf import mf_bound, mf_posterior
 from pygpfast.svgp import SVGPClassifier, SVGPRegressor
 from dense import jittered
 
@@ -325,7 +325,7 @@ def test_core_rejects_bad_input(rng):
         args = dict(codes=codes, params=params, Z=Z, X=X, y=y, a=a, jitter=JITTER, solve_a=False,
                     max_iter=10, tol=1e-10, with_grad=True)
         args.update(over)
-        return _core.svgp_mf_bound(**args)
+        return _core.svgp.mf_bound(**args)
 
     with pytest.raises(ValueError, match="labels must be 0 or 1"):
         call(y=2 * y - 1)

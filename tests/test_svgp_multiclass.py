@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pygpfast import kernels, likelihoods
-from pygpfast._svgp_optim import NaturalGradient, Packer
+from pygpfast.svgp._optim import NaturalGradient, Packer
 from pygpfast.svgp import SVGP, SVGPClassifier
 from dense import jittered
 

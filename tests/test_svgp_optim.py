@@ -17,7 +17,7 @@ import scipy.stats
 from sklearn.exceptions import ConvergenceWarning
 
 from pygpfast import kernels, likelihoods
-from pygpfast._svgp_optim import Adadelta, Adam, NaturalGradient, Packer, natural_gap
+from pygpfast.svgp._optim import Adadelta, Adam, NaturalGradient, Packer, natural_gap
 from pygpfast.exceptions import NumericalWarning
 from pygpfast.svgp import SVGP, SVGPClassifier, SVGPRegressor
 from dense import jittered
@@ -430,7 +430,7 @@ def test_adam_plateau_with_an_unmeasurable_gap_is_not_converged(monkeypatch, cap
     import pygpfast.svgp
 
     X, y = make_moons(600, noise=0.2, random_state=1)
-    monkeypatch.setattr(pygpfast.svgp, "natural_gap", lambda model, passes, n: (np.inf, -100.0))
+    monkeypatch.setattr(pygpfast.svgp._estimators, "natural_gap", lambda model, passes, n: (np.inf, -100.0))
     clf = SVGPClassifier(n_inducing=10, optimizer="adam", batch_size=100, max_iter=200,
                          random_state=0, verbose=1000)
     with pytest.warns(ConvergenceWarning, match=r"overshoots \(the gap cannot be measured\)"):

@@ -165,7 +165,7 @@ def test_lbfgs_giving_up_early_is_a_convergence_warning(monkeypatch):
     rng = np.random.RandomState(0)
     X = rng.randn(80, 2)
     y = (X[:, 0] + 0.3 * rng.randn(80) > 0).astype(int)
-    monkeypatch.setattr(svgp, "fit_lbfgs",
+    monkeypatch.setattr(svgp._estimators, "fit_lbfgs",
                         lambda *a, **k: (0, "L-BFGS-B stopped after 0 iterations (ABNORMAL)"))
     with pytest.warns(ConvergenceWarning, match="L-BFGS-B stopped after 0 iterations"):
         SVGPClassifier(n_inducing=5, random_state=0).fit(X, y)

@@ -36,7 +36,7 @@ def test_bad_thread_count(bad):
 
 
 def test_default_honours_omp_num_threads(tmp_path):
-    if not pygpfast._core.openmp_enabled():
+    if not pygpfast._core.threads.openmp_enabled():
         pytest.skip("core built without OpenMP")
     # Import the same pygpfast as this test session (installed or built in place).
     package_root = os.path.dirname(os.path.dirname(pygpfast.__file__))
@@ -56,7 +56,7 @@ def test_default_honours_omp_num_threads(tmp_path):
 def test_default_follows_a_threadpoolctl_limit(restore_threads, limit):
     # (The count was read once, at the first call: a fit inside threadpool_limits(1), as
     # scikit-learn's n_threads=None honours it, ran on every core.)
-    if not pygpfast._core.openmp_enabled():
+    if not pygpfast._core.threads.openmp_enabled():
         pytest.skip("core built without OpenMP")
     from threadpoolctl import threadpool_limits
 
@@ -77,7 +77,7 @@ def test_minimize_runs_scipy_on_one_blas_thread_and_the_objective_on_all(monkeyp
     # its threads; with those threads spinning (scipy imported before pygpfast) a 0.8 s SVGP
     # fit took 6.2 s. The optimiser's own calls now run on one BLAS thread, the objective's
     # and the callback's (the core's) on pygpfast's count.
-    if not pygpfast._core.blas_thread_control:
+    if not pygpfast._core.blas.thread_control:
         pytest.skip("the BLAS thread count cannot be set")
     import scipy.optimize
 
@@ -87,22 +87,22 @@ def test_minimize_runs_scipy_on_one_blas_thread_and_the_objective_on_all(monkeyp
     seen = {}
 
     def fake_minimize(fun, x0, callback=None, **kwargs):
-        seen["scipy"] = pygpfast._core.blas_threads()
+        seen["scipy"] = pygpfast._core.threads.blas_threads()
         value = fun(x0)
         callback(x0)
-        seen["scipy after"] = pygpfast._core.blas_threads()
+        seen["scipy after"] = pygpfast._core.threads.blas_threads()
         return value
 
     def objective(x):
-        seen["objective"] = pygpfast._core.blas_threads()
+        seen["objective"] = pygpfast._core.threads.blas_threads()
         return float(np.sum(x**2))
 
     monkeypatch.setattr(scipy.optimize, "minimize", fake_minimize)
     value = _threads.minimize(objective, np.ones(3), callback=lambda x: seen.setdefault(
-        "callback", pygpfast._core.blas_threads()))
+        "callback", pygpfast._core.threads.blas_threads()))
     assert value == 3.0
     assert seen == {"scipy": 1, "objective": 2, "callback": 2, "scipy after": 1}
-    assert pygpfast._core.blas_threads() == 2
+    assert pygpfast._core.threads.blas_threads() == 2
 
 
 _FORK_SCRIPT = """
@@ -130,7 +130,7 @@ print(parent[0], [c[0] for c in children], parent[1] == children[0][1] == childr
 def test_a_child_forked_after_parallel_work_runs_on_one_thread(tmp_path):
     # GNU OpenMP is not fork-safe: after a fit on 2 threads in the parent, the same fit in a
     # multiprocessing 'fork' worker waited forever for the parent's pool threads.
-    if not pygpfast._core.openmp_enabled():
+    if not pygpfast._core.threads.openmp_enabled():
         pytest.skip("core built without OpenMP")
     package_root = os.path.dirname(os.path.dirname(pygpfast.__file__))
     env = dict(os.environ, PYTHONPATH=package_root, PYTHONWARNINGS="ignore")
@@ -150,7 +150,7 @@ def test_one_blas_thread_scopes_in_threads_restore_the_count(monkeypatch, restor
     # global setter). _threads.minimize in two threads, each setting one BLAS thread for scipy's
     # part and putting back the count it found, restored in the wrong order (A found 2, B found
     # A's 1, A put back 2, B put back 1), and the BLAS stayed on one thread for the process.
-    if not pygpfast._core.blas_thread_control:
+    if not pygpfast._core.blas.thread_control:
         pytest.skip("the BLAS's thread count cannot be set")
     import threading
 
@@ -192,7 +192,7 @@ def test_a_fit_with_parallel_blas_loops_leaves_the_blas_count(restore_threads):
     # b = 64) set one BLAS thread and put back what it found; one VGPClassifier fit at
     # N = 1500 left scipy's BLAS, which scipy.linalg and the core use, on one thread for the
     # rest of the process.
-    if not (pygpfast._core.blas_thread_control and pygpfast._core.openmp_enabled()):
+    if not (pygpfast._core.blas.thread_control and pygpfast._core.threads.openmp_enabled()):
         pytest.skip("needs OpenMP and a BLAS whose thread count can be set")
     pygpfast.set_num_threads(2)
     before = _blas_counts()

@@ -21,7 +21,7 @@
 #include "pygpfast/blas.hpp"
 #include "pygpfast/kernels.hpp"
 #include "pygpfast/likelihoods.hpp"
-#include "pygpfast/svgp.hpp"
+#include "pygpfast/svgp/svgp.hpp"
 #include "pygpfast/threads.hpp"
 #include "pygpfast/workspace.hpp"
 

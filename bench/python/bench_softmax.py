@@ -70,7 +70,7 @@ def fit(X, y, C, M, max_iter, n_gh):
     def objective(x):
         q_mu, q_sqrt = unpack(x)
         codes, params = kernel._spec(X.shape[1])
-        value, _, _, _, (d_mu, d_sqrt, _, d_kern, _, _) = _core.svgp_elbo(
+        value, _, _, _, (d_mu, d_sqrt, _, d_kern, _, _) = _core.svgp.elbo(
             codes, params, *lik._core_args(), Z, q_mu, q_sqrt, True, X, y, 1.0, 1e-6, True)
         g = np.concatenate([d_mu.ravel(), d_sqrt[:, tril[0], tril[1]].ravel(), d_kern * params])
         return -value, -g
@@ -86,7 +86,7 @@ def fit(X, y, C, M, max_iter, n_gh):
 
 def marginals(model, X):
     codes, params = model["kernel"]._spec(X.shape[1])
-    mean, var, _ = _core.svgp_predict_f(codes, params, model["Z"], model["q_mu"], model["q_sqrt"],
+    mean, var, _ = _core.svgp.predict_f(codes, params, model["Z"], model["q_mu"], model["q_sqrt"],
                                         True, np.ascontiguousarray(X), 1e-6)
     return mean, var
 

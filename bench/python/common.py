@@ -52,7 +52,7 @@ def context(threads):
         "cores": os.cpu_count(),
         "threads": threads,
         "pygpfast_threads": pygpfast.get_num_threads(),
-        "openmp": pygpfast._core.openmp_enabled(),
+        "openmp": pygpfast._core.threads.openmp_enabled(),
         "blas": blas_info(),
         "numpy": np.__version__,
         "scipy": scipy.__version__,

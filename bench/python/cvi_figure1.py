@@ -8,7 +8,7 @@ maximise the same bound for fixed hyperparameters from the same start (alpha = l
 
 * fixed point: Algorithm 1 with the literal rank-one updates (block_size=1, BLAS 2), run to a
   relative tolerance of 1e-12, twice: as the seed writes it (``coupled_means=False``) and as
-  pygpfast runs it, with coupled mean steps (csrc/include/pygpfast/cvi.hpp);
+  pygpfast runs it, with coupled mean steps (csrc/include/pygpfast/cvi/cvi.hpp);
 * Opper-Archambeau: L-BFGS-B over (alpha, lambda >= 0) on eq. (11), to ftol 1e-13 or
   ``--oa-max-iter`` iterations.
 

@@ -59,7 +59,7 @@ def own_gflop(M, B, path):
 
 def path_used(model, X, y, scale):
     codes, params = model.kernel._spec(D)
-    return _core.svgp_elbo(codes, params, *model.likelihood._core_args(), model.Z, model.q_mu, model.q_sqrt,
+    return _core.svgp.elbo(codes, params, *model.likelihood._core_args(), model.Z, model.q_mu, model.q_sqrt,
                            model.whiten, X, y, scale, model.jitter, True, return_path=True)[5]
 
 

@@ -1,5 +1,5 @@
 #include "bind_common.hpp"
-#include "pygpfast/cvi.hpp"
+#include "pygpfast/cvi/cvi.hpp"
 
 namespace pygpfast::bind {
 
@@ -81,7 +81,7 @@ py::array_t<double> copy_of(const double* p, index_t rows, index_t cols) {
 
 void bind_cvi(py::module_& m) {
   m.def(
-      "cvi_local_bounds",
+      "local_bounds",
       [](int kind, const py::array& knots, const py::array& a, const py::array& b,
          const py::array& c, int num_classes, const py::array& thresholds, const py::array& y,
          const py::array& mean, const py::array& var) {
@@ -108,7 +108,7 @@ void bind_cvi(py::module_& m) {
       "Returns (value [N], dm [L, N], dv [L, N], d2m [L, N], dthresholds [K-1]).");
 
   m.def(
-      "cvi_infer",
+      "infer",
       [](int kind, const py::array& knots, const py::array& a, const py::array& b,
          const py::array& c, int num_classes, const py::array& thresholds, const py::array& y,
          const py::array& Sigma, const py::array& mean, const py::array& alpha,
@@ -140,7 +140,7 @@ void bind_cvi(py::module_& m) {
       "Returns (result dict, alpha, lambda, V [L, N, N] or None).");
 
   m.def(
-      "cvi_fit_step",
+      "fit_step",
       [](const py::array& codes, const py::array& params, int kind, const py::array& knots,
          const py::array& a, const py::array& b, const py::array& c, int num_classes,
          const py::array& thresholds, const py::array& X, const py::array& y,
@@ -186,7 +186,7 @@ void bind_cvi(py::module_& m) {
       "d_thresholds [K-1]) or None, Pi [L, N, N] or None).");
 
   m.def(
-      "cvi_oa_objective",
+      "oa_objective",
       [](int kind, const py::array& knots, const py::array& a, const py::array& b,
          const py::array& c, int num_classes, const py::array& thresholds, const py::array& y,
          const py::array& Sigma, const py::array& mean, const py::array& alpha,
@@ -213,7 +213,7 @@ void bind_cvi(py::module_& m) {
       "(value, d_alpha [L, N], d_lambda [L, N], flops, bound_evaluations).");
 
   m.def(
-      "cvi_prior_covariance",
+      "prior_covariance",
       [](const py::array& codes, const py::array& params, const py::array& X, double jitter) {
         const auto Xv = as_matrix(X, "X");
         const kernels::Kernel kernel = make_kernel(codes, params, Xv.cols);
@@ -228,7 +228,7 @@ void bind_cvi(py::module_& m) {
       "The prior covariance of cvi_fit_step, K(X, X) + jitter mean(diag K) I [N, N].");
 
   m.def(
-      "cvi_predictive_factor",
+      "predictive_factor",
       [](const py::array& codes, const py::array& params, const py::array& X, double jitter,
          const py::array& lambda) {
         const auto Xv = as_matrix(X, "X");
@@ -247,7 +247,7 @@ void bind_cvi(py::module_& m) {
       "fit's relative jitter), for cvi_predict_f.");
 
   m.def(
-      "cvi_predict_f",
+      "predict_f",
       [](const py::array& codes, const py::array& params, const py::array& X,
          const py::array& mean, const py::array& alpha, const py::array& lambda,
          const py::array& F, const py::array& Xnew) {

@@ -40,7 +40,7 @@ py::array_t<double> zeros_vector(index_t n) {
 
 void bind_kernels(py::module_& m) {
   m.def(
-      "kernel_K",
+      "K",
       [](const py::array& codes, const py::array& params, const py::array& x,
          const std::optional<py::array>& x2) {
         const Pair in = as_pair(x, x2);
@@ -58,7 +58,7 @@ void bind_kernels(py::module_& m) {
       "K(X, X).");
 
   m.def(
-      "kernel_Kdiag",
+      "Kdiag",
       [](const py::array& codes, const py::array& params, const py::array& x) {
         const ConstMatrixView X = as_matrix(x, "X");
         const auto kernel = make_kernel(codes, params, X.cols);
@@ -73,7 +73,7 @@ void bind_kernels(py::module_& m) {
       py::arg("codes"), py::arg("params"), py::arg("X"), "diag K(X, X) [N].");
 
   m.def(
-      "kernel_K_vjp",
+      "K_vjp",
       [](const py::array& codes, const py::array& params, const py::array& x,
          const std::optional<py::array>& x2, const py::array& g, bool want_dX, bool want_dX2,
          const std::optional<py::array>& values) {
@@ -113,7 +113,7 @@ void bind_kernels(py::module_& m) {
       "evaluating it again.");
 
   m.def(
-      "kernel_Kdiag_vjp",
+      "Kdiag_vjp",
       [](const py::array& codes, const py::array& params, const py::array& x, const py::array& g) {
         const ConstMatrixView X = as_matrix(x, "X");
         const auto kernel = make_kernel(codes, params, X.cols);

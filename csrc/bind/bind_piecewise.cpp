@@ -5,7 +5,7 @@ namespace pygpfast::bind {
 
 void bind_piecewise(py::module_& m) {
   m.def(
-      "piecewise_expected_bound",
+      "expected_bound",
       [](const py::array& knots, const py::array& a, const py::array& b, const py::array& c,
          const py::array& mean, const py::array& var) {
         const piecewise::Bound bound = make_piecewise_bound(knots, a, b, c);

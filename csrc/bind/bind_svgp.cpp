@@ -1,5 +1,5 @@
 #include "bind_common.hpp"
-#include "pygpfast/svgp.hpp"
+#include "pygpfast/svgp/svgp.hpp"
 
 #include <string>
 #include <vector>
@@ -55,7 +55,7 @@ std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.sha
 
 void bind_svgp(py::module_& m) {
   m.def(
-      "svgp_elbo",
+      "elbo",
       [](const py::array& codes, const py::array& params, int lik_kind, double lik_variance, int n_gh,
          int num_classes, const py::array& Z, const py::array& q_mu, const py::array& q_sqrt,
          bool whiten, const py::array& X, const py::array& y, double scale, double jitter,
@@ -119,7 +119,7 @@ void bind_svgp(py::module_& m) {
       "its accuracy check fails); with return_path=True the path that ran is appended to the tuple.");
 
   m.def(
-      "svgp_predict_f",
+      "predict_f",
       [](const py::array& codes, const py::array& params, const py::array& Z, const py::array& q_mu,
          const py::array& q_sqrt, bool whiten, const py::array& Xnew, double jitter, const py::object& prior_mean) {
         const kernels::Kernel kernel = make_kernel(codes, params, as_matrix(Z, "Z").cols);

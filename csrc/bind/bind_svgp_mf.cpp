@@ -1,13 +1,13 @@
 #include <algorithm>
 
 #include "bind_common.hpp"
-#include "pygpfast/svgp_mf.hpp"
+#include "pygpfast/svgp/mf.hpp"
 
 namespace pygpfast::bind {
 
 void bind_svgp_mf(py::module_& m) {
   m.def(
-      "svgp_mf_bound",
+      "mf_bound",
       [](const py::array& codes, const py::array& params, const py::array& Z, const py::array& X,
          const py::array& y, const py::array& a, double jitter, bool solve_a, int max_iter,
          double tol, bool with_grad) {
@@ -50,7 +50,7 @@ void bind_svgp_mf(py::module_& m) {
       "d_Z [M, D], d_kernel [P]) or None.");
 
   m.def(
-      "svgp_mf_posterior",
+      "mf_posterior",
       [](const py::array& codes, const py::array& params, const py::array& Z, const py::array& X,
          const py::array& y, const py::array& a, double jitter) {
         const auto Zv = as_matrix(Z, "Z");

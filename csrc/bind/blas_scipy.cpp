@@ -67,11 +67,11 @@ void bind_blas(py::module_& m) {
   t.dlauum = reinterpret_cast<blas::dlauum_t>(capsule_pointer(l, lm, "dlauum"));
   t.set_num_threads_local = find_set_num_threads_local(reinterpret_cast<void*>(t.dgemm));
   blas::set_table(t);
-  m.attr("blas_thread_control") = t.set_num_threads_local != nullptr;
-  m.attr("blas_source") = "scipy.linalg.cython_blas/cython_lapack";
+  m.attr("thread_control") = t.set_num_threads_local != nullptr;
+  m.attr("source") = "scipy.linalg.cython_blas/cython_lapack";
 
   m.def(
-      "blas_gemm",
+      "gemm",
       [](const py::array& a, const py::array& b, bool trans_a, bool trans_b) {
         auto A = as_matrix(a, "A");
         auto B = as_matrix(b, "B");

@@ -31,13 +31,24 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
-  pygpfast::bind::bind_blas(m);
-  pygpfast::bind::bind_threads(m);
-  pygpfast::bind::bind_linalg(m);
-  pygpfast::bind::bind_kernels(m);
-  pygpfast::bind::bind_likelihoods(m);
-  pygpfast::bind::bind_svgp(m);
-  pygpfast::bind::bind_piecewise(m);
-  pygpfast::bind::bind_svgp_mf(m);
-  pygpfast::bind::bind_cvi(m);
+  // One submodule per building block and per model family (pygpfast._core.svgp, ...), as the
+  // Python package is laid out; the stubs in src/pygpfast/_core/ mirror them.
+  auto sub = [&m](const char* name, const char* doc) { return m.def_submodule(name, doc); };
+  auto blas = sub("blas", "The core's BLAS/LAPACK table (filled from scipy's at import)");
+  auto threads = sub("threads", "OpenMP and BLAS thread counts");
+  auto linalg = sub("linalg", "Cholesky with jitter escalation, triangular solves, rank-one updates");
+  auto kernels = sub("kernels", "Kernel matrices and their vector-Jacobian products");
+  auto likelihoods = sub("likelihoods", "Quadrature, variational expectations, predictive densities");
+  auto piecewise = sub("piecewise", "Expectations of piecewise bounds on log(1 + e^x)");
+  auto svgp = sub("svgp", "Sparse variational GP: ELBO with gradients, predictions, the mean-field bound");
+  auto cvi = sub("cvi", "Concave variational inference for full GPs");
+  pygpfast::bind::bind_blas(blas);
+  pygpfast::bind::bind_threads(threads);
+  pygpfast::bind::bind_linalg(linalg);
+  pygpfast::bind::bind_kernels(kernels);
+  pygpfast::bind::bind_likelihoods(likelihoods);
+  pygpfast::bind::bind_piecewise(piecewise);
+  pygpfast::bind::bind_svgp(svgp);
+  pygpfast::bind::bind_svgp_mf(svgp);
+  pygpfast::bind::bind_cvi(cvi);
 }

@@ -15,7 +15,7 @@
 #include "blas_linked.hpp"
 #include "pygpfast/kernels.hpp"
 #include "pygpfast/likelihoods.hpp"
-#include "pygpfast/svgp.hpp"
+#include "pygpfast/svgp/svgp.hpp"
 
 using namespace pygpfast;
 

@@ -9,7 +9,7 @@
 
 #include "check.hpp"
 #include "pygpfast/blas.hpp"
-#include "pygpfast/cvi.hpp"
+#include "pygpfast/cvi/cvi.hpp"
 #include "pygpfast/errors.hpp"
 #include "pygpfast/linalg.hpp"
 #include "pygpfast/piecewise.hpp"

@@ -10,7 +10,7 @@
 #include "check.hpp"
 #include "pygpfast/kernels.hpp"
 #include "pygpfast/likelihoods.hpp"
-#include "pygpfast/svgp.hpp"
+#include "pygpfast/svgp/svgp.hpp"
 #include "pygpfast/threads.hpp"
 
 #ifdef _OPENMP

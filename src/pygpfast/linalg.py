@@ -59,7 +59,7 @@ def cholesky(A, *, max_relative_jitter=1e-4):
     ):
         raise ValueError(
             f"max_relative_jitter must be a finite number >= 0, got {max_relative_jitter!r}")
-    L, jitter = _core.cholesky(A, 1e-10, float(max_relative_jitter))
+    L, jitter = _core.linalg.cholesky(A, 1e-10, float(max_relative_jitter))
     if jitter > 0:
         warn_at_caller(f"cholesky: the matrix was not numerically positive definite; added "
                        f"jitter {jitter:.3g} to its diagonal")
@@ -77,7 +77,7 @@ def solve_lower(L, B, *, transpose=False):
     B2 = as_matrix(B_arr.reshape(-1, 1) if vector else B_arr, "B")
     if B2.shape[0] != L.shape[0]:
         raise ValueError(f"B has {B2.shape[0]} rows but L is {L.shape[0]}x{L.shape[0]}")
-    X = _core.solve_lower(L, B2, bool(transpose))
+    X = _core.linalg.solve_lower(L, B2, bool(transpose))
     return X[:, 0] if vector else X
 
 
@@ -87,7 +87,7 @@ def cholesky_update(L, x):
     Only the lower triangle of L is read; LinAlgError when L has a zero on its diagonal.
     """
     L = _lower_factor(L)
-    return _core.cholesky_update(L, as_vector(x, "x", size=L.shape[0]))
+    return _core.linalg.cholesky_update(L, as_vector(x, "x", size=L.shape[0]))
 
 
 def cholesky_downdate(L, x):
@@ -96,4 +96,4 @@ def cholesky_downdate(L, x):
     Only the lower triangle of L is read; LinAlgError when L has a zero on its diagonal.
     """
     L = _lower_factor(L)
-    return _core.cholesky_downdate(L, as_vector(x, "x", size=L.shape[0]))
+    return _core.linalg.cholesky_downdate(L, as_vector(x, "x", size=L.shape[0]))

@@ -424,13 +424,13 @@ class Kernel:
         """
         X, X2 = self._inputs(X, X2)
         codes, params = self._spec(X.shape[1])
-        return _core.kernel_K(codes, params, X, X2)
+        return _core.kernels.K(codes, params, X, X2)
 
     def diag(self, X):
         """Diagonal of K(X, X) [N], without forming the matrix."""
         X = as_matrix(X, "X")
         codes, params = self._spec(X.shape[1])
-        return _core.kernel_Kdiag(codes, params, X)
+        return _core.kernels.Kdiag(codes, params, X)
 
     # ---- gradients (vector-Jacobian products of sum(G * K)) ----
 
@@ -462,7 +462,7 @@ class Kernel:
         if G.shape != shape:
             raise ValueError(f"G has shape {G.shape} but K(X, X2) has shape {shape}")
         codes, params = self._spec(X.shape[1])
-        return _core.kernel_K_vjp(codes, params, X, X2, G, bool(wrt_X), bool(wrt_X2))
+        return _core.kernels.K_vjp(codes, params, X, X2, G, bool(wrt_X), bool(wrt_X2))
 
     def grad_params(self, X, X2, G):
         """Gradient of ``sum(G * K(X, X2))`` with respect to :attr:`params` [n_params]."""
@@ -489,7 +489,7 @@ class Kernel:
         X = as_matrix(X, "X")
         g = as_vector(g, "g", size=X.shape[0])
         codes, params = self._spec(X.shape[1])
-        return _core.kernel_Kdiag_vjp(codes, params, X, g)
+        return _core.kernels.Kdiag_vjp(codes, params, X, g)
 
     def grad_diag_theta(self, X, g):
         """Gradient of ``sum(g * k.diag(X))`` with respect to :attr:`theta`; g is [N]."""

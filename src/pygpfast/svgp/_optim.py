@@ -31,10 +31,10 @@ import numpy as np
 import scipy.optimize
 from scipy.linalg import lapack
 
-from . import _threads
-from .exceptions import warn_at_caller
-from .kernels import hyper_bounds
-from .likelihoods import Gaussian, Poisson
+from .. import _threads
+from ..exceptions import warn_at_caller
+from ..kernels import hyper_bounds
+from ..likelihoods import Gaussian, Poisson
 
 __all__ = [
     "Adadelta",

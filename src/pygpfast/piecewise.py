@@ -504,5 +504,5 @@ def expected_llp_bound(bound, m, v):
     v = as_vector(v, "v", size=m.shape[0])
     if np.any(v < 0.0):
         raise ValueError("v (variances) must be >= 0")
-    return _core.piecewise_expected_bound(bound.knots, bound.a, bound.b, bound.c, m, v)
+    return _core.piecewise.expected_bound(bound.knots, bound.a, bound.b, bound.c, m, v)
 

@@ -26,10 +26,10 @@ import numpy as np
 from sklearn.base import is_classifier
 from sklearn.exceptions import ConvergenceWarning
 
-from . import _core, _threads
-from ._svgp_optim import column_spread, lbfgs_problem
-from .exceptions import warn_at_caller, warn_inducing_jitter
-from .kernels import hyper_bounds
+from .. import _core, _threads
+from ._optim import column_spread, lbfgs_problem
+from ..exceptions import warn_at_caller, warn_inducing_jitter
+from ..kernels import hyper_bounds
 
 __all__ = ["MFFit", "check_estimator_params", "fit", "mf_bound", "mf_posterior"]
 
@@ -40,7 +40,7 @@ INNER_TOL = 1e-10
 
 def _warn_jitter(extra, codes, params, Z):
     if extra > 0:
-        warn_inducing_jitter("SVGP (mf)", extra, np.mean(_core.kernel_Kdiag(codes, params, Z)))
+        warn_inducing_jitter("SVGP (mf)", extra, np.mean(_core.kernels.Kdiag(codes, params, Z)))
 
 
 def mf_bound(kernel, Z, X, y, a, *, jitter=1e-6, solve_a=False, with_grad=False):
@@ -74,7 +74,7 @@ def mf_bound(kernel, Z, X, y, a, *, jitter=1e-6, solve_a=False, with_grad=False)
         ``inner_iterations``, ``inner_residual``, ``inner_converged`` of the solve for ``a``.
     """
     codes, params = kernel._spec(Z.shape[1])
-    value, a_out, extra, (iters, resid, converged), g = _core.svgp_mf_bound(
+    value, a_out, extra, (iters, resid, converged), g = _core.svgp.mf_bound(
         codes, params, Z, X, y, a, float(jitter), bool(solve_a), INNER_MAX_ITER, INNER_TOL,
         bool(with_grad),
     )
@@ -93,7 +93,7 @@ def mf_posterior(kernel, Z, X, y, a, *, jitter=1e-6):
     q_sqrt : ndarray [M, M], lower triangular
     """
     codes, params = kernel._spec(Z.shape[1])
-    q_mu, q_sqrt, extra = _core.svgp_mf_posterior(codes, params, Z, X, y, a, float(jitter))
+    q_mu, q_sqrt, extra = _core.svgp.mf_posterior(codes, params, Z, X, y, a, float(jitter))
     _warn_jitter(extra, codes, params, Z)
     return q_mu, q_sqrt
 

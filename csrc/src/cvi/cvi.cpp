@@ -1,5 +1,5 @@
 // Concave variational inference (seed 004, Algorithm 1): see cvi.hpp for the method.
-#include "pygpfast/cvi.hpp"
+#include "pygpfast/cvi/cvi.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -83,7 +83,7 @@ class Likelihood:
     def _check_labels(self, y):
         """ValueError naming the first entry of y [N] (float64) outside the support: the core's
         check of variational_expectations, for callers that pass y in parts."""
-        _core.check_labels(*self._core_args(), y)
+        _core.likelihoods.check_labels(*self._core_args(), y)
 
     @property
     def n_params(self):
@@ -152,7 +152,7 @@ class Likelihood:
             support (the message names the first bad one).
         """
         y, mu, var = self._points(mu, var, y)
-        value, d_mu, d_var, d_variance = _core.variational_expectations(
+        value, d_mu, d_var, d_variance = _core.likelihoods.variational_expectations(
             *self._core_args(), y, mu, var
         )
         if not return_param_grad:
@@ -175,7 +175,7 @@ class Likelihood:
             For :class:`Softmax`, the class probabilities P(y = c) and P(y = c)(1 - P(y = c)).
         """
         mu, var = self._points(mu, var)
-        return _core.predict_mean_and_var(*self._core_args(), mu, var)
+        return _core.likelihoods.predict_mean_and_var(*self._core_args(), mu, var)
 
     def predict_log_density(self, y, mu, var):
         """Log predictive density ``log integral p(y_n | f) N(f | mu_n, var_n) df``.
@@ -192,7 +192,7 @@ class Likelihood:
         log_density : ndarray [N]
         """
         y, mu, var = self._points(mu, var, y)
-        return _core.predict_log_density(*self._core_args(), y, mu, var)
+        return _core.likelihoods.predict_log_density(*self._core_args(), y, mu, var)
 
     def __repr__(self):
         args = ", ".join(f"{name}={value!r}" for name, value in self._repr_args().items())
@@ -382,7 +382,7 @@ class Softmax(Likelihood):
         log_proba : ndarray [N, C]
         """
         mu, var = self._points(mu, var)
-        return _core.predict_log_class_probabilities(*self._core_args(), mu, var)
+        return _core.likelihoods.predict_log_class_probabilities(*self._core_args(), mu, var)
 
     def _repr_args(self):
         return {"num_classes": self.num_classes, "n_gh": self.n_gh}

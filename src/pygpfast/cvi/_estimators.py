@@ -55,14 +55,14 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from . import _core, _threads
-from . import kernels as _kernels
-from . import likelihoods as _likelihoods
-from ._memory import check_fits, explain_memory_error
-from ._validation import KernelParams, array_of_matrix, callback_says_stop, check_int
-from .exceptions import HeldWarnings, LinAlgError, warn_at_caller
-from .piecewise import llp_bound
-from .svgp import _both_constant, _default_kernel, _second_search_clause, _second_start
+from .. import _core, _threads
+from .. import kernels as _kernels
+from .. import likelihoods as _likelihoods
+from .._base._memory import check_fits, explain_memory_error
+from .._validation import KernelParams, array_of_matrix, callback_says_stop, check_int
+from ..exceptions import HeldWarnings, LinAlgError, warn_at_caller
+from ..piecewise import llp_bound
+from ..svgp._estimators import _both_constant, _default_kernel, _second_search_clause, _second_start
 
 __all__ = ["LocalBound", "InferenceResult", "infer", "oa_objective", "VGPClassifier",
            "VGPPoissonRegressor"]
@@ -168,7 +168,7 @@ class LocalBound:
         y = np.ascontiguousarray(y, dtype=np.float64)
         m = np.atleast_2d(np.asarray(m, dtype=np.float64))
         v = np.atleast_2d(np.asarray(v, dtype=np.float64))
-        return _core.cvi_local_bounds(*self._core_args(), y, np.ascontiguousarray(m),
+        return _core.cvi.local_bounds(*self._core_args(), y, np.ascontiguousarray(m),
                                       np.ascontiguousarray(v))
 
     def __repr__(self):
@@ -309,7 +309,7 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
     if method == "opper-archambeau":
         return _infer_oa(Sigma, y, local_bound, mean, alpha, np.maximum(lambda_, 0.0),
                          max_iter, tol)
-    info, a, lam, V = _core.cvi_infer(
+    info, a, lam, V = _core.cvi.infer(
         *local_bound._core_args(), y, Sigma, mean, alpha, lambda_, int(max_iter), float(tol),
         block_size or 0, _MAX_NEWTON, float(skip_tol), bool(coupled_means), bool(return_V))
     history = info.pop("history")
@@ -337,7 +337,7 @@ def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
     _check_local_bound(local_bound)
     Sigma = _check_sigma(Sigma)
     N, L = Sigma.shape[0], local_bound.num_latent
-    value, da, dl, _, _ = _core.cvi_oa_objective(
+    value, da, dl, _, _ = _core.cvi.oa_objective(
         *local_bound._core_args(), np.ascontiguousarray(y, dtype=np.float64), Sigma,
         _mean_vector(mean, L), _latent_array(alpha, L, N, "alpha"),
         _latent_array(lambda_, L, N, "lambda_"))
@@ -366,7 +366,7 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
         if np.isfinite(x).all():  # (a step from a gradient near overflow need not be)
             a = np.ascontiguousarray(x[: L * N].reshape(L, N))
             lam = np.ascontiguousarray(x[L * N:].reshape(L, N))
-            value, da, dl, flops, evals = _core.cvi_oa_objective(*args, y, Sigma, mean, a, lam)
+            value, da, dl, flops, evals = _core.cvi.oa_objective(*args, y, Sigma, mean, a, lam)
             state["flops"] += flops + _LBFGS_FLOPS_PER_COORDINATE * x.size
             state["evals"] += evals
             grad = np.concatenate([da.ravel(), dl.ravel()])
@@ -401,7 +401,7 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
     if np.array_equal(state["x"], x):  # L-BFGS-B usually returns its last evaluated point
         value = state["value"]
     else:
-        value = _core.cvi_oa_objective(
+        value = _core.cvi.oa_objective(
             *args, y, Sigma, mean, np.ascontiguousarray(x[: L * N].reshape(L, N)),
             np.ascontiguousarray(x[L * N:].reshape(L, N)))[0]
     info = {"bound": value, "iterations": int(res.nit), "converged": bool(res.success),
@@ -733,7 +733,7 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         latent function (and K(X, X)) at every iteration of the search."""
         if self.predictive_factor_ is None:
             codes, params = self.kernel_._spec(self.X_train_.shape[1])
-            self.predictive_factor_ = _core.cvi_predictive_factor(
+            self.predictive_factor_ = _core.cvi.predictive_factor(
                 codes, params, self.X_train_, self.jitter, self.lambda_)
         return self.predictive_factor_
 
@@ -746,7 +746,7 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         that: at the optimum it gains nothing.
         """
         codes, params = hyper.kernel._spec(X.shape[1])
-        step, *_ = _core.cvi_fit_step(
+        step, *_ = _core.cvi.fit_step(
             codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter,
             alpha, np.maximum(lam, 0.0), 1, self.tol, self.block_size or 0, _MAX_NEWTON,
             np.sqrt(self.tol), False, False)
@@ -803,10 +803,10 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         codes, params = hyper.kernel._spec(X.shape[1])
         max_iter = self.inner_max_iter
         if self.method == "opper-archambeau":
-            K = _core.cvi_prior_covariance(codes, params, X, self.jitter)
+            K = _core.cvi.prior_covariance(codes, params, X, self.jitter)
             oa = _infer_oa(K, t, hyper.local_bound, hyper.mean, alpha, lam, max_iter, self.tol)
             alpha, lam, max_iter = oa.alpha, oa.lambda_, 0  # the core then only differentiates
-        info, alpha, lam, grads, _ = _core.cvi_fit_step(
+        info, alpha, lam, grads, _ = _core.cvi.fit_step(
             codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter, alpha,
             lam, max_iter, self.tol, self.block_size or 0, _MAX_NEWTON, np.sqrt(self.tol), True,
             False)
@@ -820,7 +820,7 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         check_is_fitted(self, "alpha_")
         X = validate_data(self, array_of_matrix(X), dtype=np.float64, order="C", reset=False)
         codes, params = self.kernel_._spec(X.shape[1])
-        return _core.cvi_predict_f(codes, params, self.X_train_, self.mean_, self.alpha_,
+        return _core.cvi.predict_f(codes, params, self.X_train_, self.mean_, self.alpha_,
                                    self.lambda_, self._predictive_factor(), X)
 
 

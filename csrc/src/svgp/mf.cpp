@@ -1,4 +1,4 @@
-#include "pygpfast/svgp_mf.hpp"
+#include "pygpfast/svgp/mf.hpp"
 
 #include <algorithm>
 #include <cmath>

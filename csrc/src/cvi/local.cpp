@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "pygpfast/cvi.hpp"
+#include "pygpfast/cvi/cvi.hpp"
 #include "pygpfast/errors.hpp"
 #include "pygpfast/threads.hpp"
 

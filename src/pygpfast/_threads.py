@@ -16,7 +16,7 @@ _blas_limiter = None
 
 def get_num_threads():
     """Number of threads pygpfast's OpenMP loops use."""
-    return _core.get_num_threads()
+    return _core.threads.get_num_threads()
 
 
 def set_num_threads(n=None):
@@ -44,10 +44,10 @@ def set_num_threads(n=None):
         _blas_limiter.restore_original_limits()
         _blas_limiter = None
     if n is None or n <= 0:
-        _core.set_num_threads(0)
+        _core.threads.set_num_threads(0)
         return
     n = int(n)
-    _core.set_num_threads(n)
+    _core.threads.set_num_threads(n)
     _blas_limiter = threadpool_limits(limits=n, user_api="blas")
 
 
@@ -56,12 +56,12 @@ def one_blas_thread():
     """The BLAS on one thread within the block (a scope of the core's enter_one_blas_thread,
     counted process-wide with the core's own, so that the count from before the first scope is
     the one restored after the last)."""
-    entered = _core.enter_one_blas_thread()
+    entered = _core.threads.enter_one_blas_thread()
     try:
         yield
     finally:
         if entered:
-            _core.leave_one_blas_thread()
+            _core.threads.leave_one_blas_thread()
 
 
 def minimize(fun, x0, *, callback=None, **kwargs):
@@ -78,17 +78,17 @@ def minimize(fun, x0, *, callback=None, **kwargs):
     setting is process-wide: while another thread holds a scope, ``fun`` runs on one BLAS
     thread too.)
     """
-    if not _core.enter_one_blas_thread():
+    if not _core.threads.enter_one_blas_thread():
         return scipy.optimize.minimize(fun, x0, callback=callback, **kwargs)
 
     def core_threads(f):
         @functools.wraps(f)
         def wrapped(*args, **kw):
-            _core.leave_one_blas_thread()
+            _core.threads.leave_one_blas_thread()
             try:
                 return f(*args, **kw)
             finally:
-                _core.enter_one_blas_thread()
+                _core.threads.enter_one_blas_thread()
         return wrapped
 
     try:
@@ -96,4 +96,4 @@ def minimize(fun, x0, *, callback=None, **kwargs):
                                        callback=None if callback is None else core_threads(callback),
                                        **kwargs)
     finally:
-        _core.leave_one_blas_thread()
+        _core.threads.leave_one_blas_thread()

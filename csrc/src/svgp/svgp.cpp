@@ -1,4 +1,4 @@
-#include "pygpfast/svgp.hpp"
+#include "pygpfast/svgp/svgp.hpp"
 
 #include <algorithm>
 #include <atomic>

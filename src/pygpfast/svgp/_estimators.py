@@ -27,17 +27,17 @@ from sklearn.utils.multiclass import check_classification_targets, unique_labels
 from sklearn.utils.random import sample_without_replacement
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
 
-from . import _core
-from . import _svgp_mf
-from . import kernels as _kernels
-from . import likelihoods as _likelihoods
-from ._memory import check_fits, explain_memory_error
-from ._streaming import block_rows, check_rows, iter_blocks, minibatches
-from ._svgp_optim import StochasticTrainer, fit_lbfgs, natural_gap, power_of_two_unit
-from ._threads import get_num_threads, one_blas_thread
-from ._validation import (KernelParams, as_matrix, as_vector, callback_says_stop, check_int,
+from .. import _core
+from .. import kernels as _kernels
+from .. import likelihoods as _likelihoods
+from .._base._memory import check_fits, explain_memory_error
+from .._base._streaming import block_rows, check_rows, iter_blocks, minibatches
+from .._threads import get_num_threads, one_blas_thread
+from .._validation import (KernelParams, as_matrix, as_vector, callback_says_stop, check_int,
                           check_same_dim)
-from .exceptions import HeldWarnings, warn_at_caller, warn_inducing_jitter
+from ..exceptions import HeldWarnings, warn_at_caller, warn_inducing_jitter
+from . import _mf as _svgp_mf
+from ._optim import StochasticTrainer, fit_lbfgs, natural_gap, power_of_two_unit
 
 __all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]
 
@@ -130,7 +130,7 @@ class SVGP:
             and likelihood's own (optimisers pass them to skip updating those objects).
         """
         (codes, params), lik = self.core_hyper() if hyper is None else hyper
-        value, _, _, extra, g = _core.svgp_elbo(
+        value, _, _, extra, g = _core.svgp.elbo(
             codes, params, *lik, self.Z, self.q_mu, self.q_sqrt,
             self.whiten, X, y, float(scale), self.jitter, bool(with_grad), natural=bool(natural),
             prior_mean=self.prior_mean,
@@ -149,7 +149,7 @@ class SVGP:
         (at the hyperparameters ``hyper`` of :meth:`elbo` when given)."""
         M = self.Z.shape[0]
         codes, params = (self.core_hyper() if hyper is None else hyper)[0]
-        return cho_solve((self._inducing_factor(_core.kernel_K(codes, params, self.Z, None)), True),
+        return cho_solve((self._inducing_factor(_core.kernels.K(codes, params, self.Z, None)), True),
                          np.eye(M))
 
     def _inducing_factor(self, Kzz):
@@ -157,7 +157,7 @@ class SVGP:
         escalates it (with its warning), or pygpfast.LinAlgError. For the unwhitened
         parameterisation, which it serves: a NumericalWarning when Kzz is near-singular."""
         Kzz = self._jittered(Kzz)
-        L, extra = _core.cholesky(Kzz, 1e-10, 1e-4)
+        L, extra = _core.linalg.cholesky(Kzz, 1e-10, 1e-4)
         mean_diag = np.mean(np.diag(Kzz))
         if extra > 0:
             warn_inducing_jitter("SVGP", extra, mean_diag)
@@ -182,7 +182,7 @@ class SVGP:
     def predict_f(self, Xnew):
         """Mean and variance of q(f) at Xnew [T, D]: [T] each (L = 1) or [T, L]; O(M^2) per point."""
         codes, params = self.kernel._spec(self.Z.shape[1])
-        mean, var, extra = _core.svgp_predict_f(
+        mean, var, extra = _core.svgp.predict_f(
             codes, params, self.Z, self.q_mu, self.q_sqrt, self.whiten, Xnew, self.jitter,
             prior_mean=self.prior_mean,
         )
@@ -191,7 +191,7 @@ class SVGP:
 
     def _warn_jitter(self, extra, codes, params):
         if extra > 0:
-            warn_inducing_jitter("SVGP", extra, np.mean(_core.kernel_Kdiag(codes, params, self.Z)))
+            warn_inducing_jitter("SVGP", extra, np.mean(_core.kernels.Kdiag(codes, params, self.Z)))
 
 
 def _as_array(a, name, shape):

@@ -1,0 +1,1 @@
+"""What every estimator shares (private)."""
