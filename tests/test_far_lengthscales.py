@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from sklearn.exceptions import ConvergenceWarning
 
+import pygpfast._base._start
+from pygpfast._base import _diagnose
 from pygpfast import (SVGPClassifier, SVGPRegressor, VGPClassifier, VGPPoissonRegressor,
                       kernels, likelihoods)
 from pygpfast.kernels import RBF, Constant, White
@@ -27,9 +29,9 @@ def _data(n=N, seed=0):
 # (estimator factory, target)
 CASES = {
     "VGP logit": (lambda k: VGPClassifier(kernel=k), "binary"),
-    "VGP multinomial": (lambda k: VGPClassifier("multinomial", kernel=k), "ordered"),
-    "VGP ordinal": (lambda k: VGPClassifier("ordinal", kernel=k), "ordered"),
-    "VGP stick-breaking": (lambda k: VGPClassifier("stick-breaking", kernel=k), "ordered"),
+    "VGP multinomial": (lambda k: VGPClassifier(likelihood="multinomial", kernel=k), "ordered"),
+    "VGP ordinal": (lambda k: VGPClassifier(likelihood="ordinal", kernel=k), "ordered"),
+    "VGP stick-breaking": (lambda k: VGPClassifier(likelihood="stick-breaking", kernel=k), "ordered"),
     "VGP Poisson": (lambda k: VGPPoissonRegressor(kernel=k), "counts"),
     "SVGP probit": (lambda k: SVGPClassifier(kernel=k, n_inducing=20, random_state=0), "binary"),
     "SVGP mf": (lambda k: SVGPClassifier(kernel=k, n_inducing=20, method="mf", random_state=0),
@@ -67,7 +69,7 @@ def test_a_far_start_is_searched_again_from_the_data_scale(case, lengthscale):
     assert est.restart_["kept"] == "data-scaled"
     assert est.restart_["reason"] in (("isolated", "unreached") if lengthscale < 1
                                       else ("constant",))
-    first, second = est.restart_.get("bounds", est.restart_.get("elbos"))
+    first, second = est.restart_.get("bounds", est.restart_.get("objectives"))
     assert second > first
 
 
@@ -162,7 +164,7 @@ def test_a_memoriser_reached_from_the_default_start_is_searched_again_from_a_smo
         warnings.simplefilter("error")
         est = VGPPoissonRegressor(random_state=0).fit(X, y)
     assert est.restart_["reason"] == "isolated" and est.restart_["kept"] == "data-scaled"
-    first, second = est.restart_["bounds"]
+    first, second = est.restart_["objectives"]
     assert first < -300 and second > -230
     default = VGPPoissonRegressor(optimize_hyperparameters=False, random_state=0).fit(X, y)
     np.testing.assert_allclose(est.restart_["start"].lengthscale,
@@ -174,7 +176,7 @@ def test_a_memoriser_the_search_moved_to_is_a_convergence_warning(monkeypatch):
     # Where there is no second start, the memoriser is named.
     import pygpfast.cvi
 
-    monkeypatch.setattr(pygpfast.cvi._estimators, "_second_start", lambda *args: None)
+    monkeypatch.setattr(pygpfast._base._start, "second_start", lambda *args: None)
     X, y, _, _ = _memoriser_data(3)
     with pytest.warns(ConvergenceWarning, match=r"numerically diagonal.*The search moved there "
                                                 r"from a start that correlates the inputs"):
@@ -186,7 +188,7 @@ def test_a_memoriser_the_search_moved_to_is_a_convergence_warning(monkeypatch):
                                            (RBF(lengthscale=1.0), 1.0)])
 @pytest.mark.parametrize("make", [
     lambda k: VGPClassifier(kernel=k),
-    lambda k: VGPClassifier("ordinal", kernel=k),
+    lambda k: VGPClassifier(likelihood="ordinal", kernel=k),
     lambda k: SVGPClassifier(kernel=k, n_inducing=20, random_state=0),
     lambda k: SVGPClassifier(kernel=k, n_inducing=20, optimizer="natgrad", max_iter=200,
                              random_state=0),
@@ -226,13 +228,13 @@ def test_diagnose_reads_the_part_of_the_kernel_that_varies():
     common = dict(scale=1.0, who="test", searched=False)
     # A Constant or White term does not hide a memoriser.
     for k in (RBF(lengthscale=1e-4) + Constant(1.0), RBF(lengthscale=1e-4) + White(1.0)):
-        assert kernels.diagnose(k, X, start=k, **common).kind == "isolated"
+        assert _diagnose.diagnose(k, X, start=k, **common).kind == "isolated"
     # Neither is a degeneracy on its own, nor a healthy kernel, nor a handful of points.
     for k in (RBF(lengthscale=1.0), RBF() + White(1e-2), Constant(), White()):
-        assert kernels.diagnose(k, X, start=k, **common) is None
-    assert kernels.diagnose(RBF(lengthscale=1e-4), X[:5], start=RBF(lengthscale=1e-4),
+        assert _diagnose.diagnose(k, X, start=k, **common) is None
+    assert _diagnose.diagnose(RBF(lengthscale=1e-4), X[:5], start=RBF(lengthscale=1e-4),
                             **common) is None
     # Identical inputs are flat for any kernel: not the lengthscales' doing.
     same = np.ones((20, 2))
-    assert kernels.diagnose(RBF(lengthscale=1e4), same, start=RBF(lengthscale=1e4),
+    assert _diagnose.diagnose(RBF(lengthscale=1e4), same, start=RBF(lengthscale=1e4),
                             **common) is None

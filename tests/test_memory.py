@@ -8,6 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
+import pygpfast._base._start
 import pygpfast
 from pygpfast import (SVGPClassifier, SVGPRegressor, VGPClassifier, VGPPoissonRegressor,
                       _core, cvi, svgp)
@@ -51,7 +52,7 @@ def test_vgp_fit_refused_before_allocating(available, monkeypatch, likelihood, C
     available(needed - 1)
     monkeypatch.setattr(_core.cvi, "fit_step", no_core_call)
     with pytest.raises(MemoryError) as e:
-        VGPClassifier(likelihood).fit(X, y)
+        VGPClassifier(likelihood=likelihood).fit(X, y)
     message = str(e.value)
     assert f"N = {N}" in message and f"{matrices} N x N" in message
     assert _memory.format_bytes(needed) in message
@@ -128,7 +129,7 @@ def test_vgp_ordinal_predict_proba_scratch_is_bounded():
     rng = np.random.default_rng(5)
     X = rng.normal(size=(80, 2))
     y = np.digitize(X[:, 0], [-0.5, 0.0, 0.5])
-    est = VGPClassifier("ordinal", max_iter=3).fit(X, y)
+    est = VGPClassifier(likelihood="ordinal", max_iter=3).fit(X, y)
     Xt = rng.normal(size=(20000, 2))
     tracemalloc.start()
     try:
@@ -150,7 +151,7 @@ def test_svgp_fit_refused_before_kmeans(available, monkeypatch, optimizer):
     rng = np.random.default_rng(6)
     X = rng.normal(size=(300, 2))
     y = rng.integers(0, 3, size=300)
-    monkeypatch.setattr(svgp._estimators, "_init_inducing", no_core_call)
+    monkeypatch.setattr(pygpfast._base._start, "init_inducing", no_core_call)
     a, b = svgp._estimators._SVGPEstimator._FIT_MATRICES[optimizer]
     needed = 8 * (3 * a + b) * 200 * 200
     available(needed - 1)
@@ -166,7 +167,7 @@ def test_svgp_fit_refused_before_kmeans(available, monkeypatch, optimizer):
 def test_svgp_partial_fit_and_regressor_refused(available, monkeypatch):
     rng = np.random.default_rng(7)
     X = rng.normal(size=(200, 2))
-    monkeypatch.setattr(svgp._estimators, "_init_inducing", no_core_call)
+    monkeypatch.setattr(pygpfast._base._start, "init_inducing", no_core_call)
     available(1000)
     with pytest.raises(MemoryError, match="SVGPClassifier.partial_fit \\(optimizer='natgrad'\\)"):
         SVGPClassifier(n_inducing=50).partial_fit(X, X[:, 0] > 0, classes=[False, True])
@@ -233,7 +234,7 @@ def test_svgp_mf_refusal_names_the_method(available, monkeypatch):
     # which method='mf' does not take)
     rng = np.random.default_rng(9)
     X, y = binary(100, rng)
-    monkeypatch.setattr(svgp._estimators, "_init_inducing", no_core_call)
+    monkeypatch.setattr(pygpfast._base._start, "init_inducing", no_core_call)
     available(1000)
     with pytest.raises(MemoryError) as e:
         SVGPClassifier(n_inducing=50, method="mf").fit(X, y)

@@ -21,6 +21,7 @@ from threadpoolctl import threadpool_info
 
 import pygpfast._core
 import pygpfast.svgp
+import pygpfast._base._start
 from pygpfast import SVGPClassifier, SVGPRegressor, VGPClassifier, VGPPoissonRegressor
 from pygpfast.kernels import RBF
 
@@ -71,7 +72,7 @@ def test_threaded_fits_leave_the_blas_thread_count(monkeypatch):
                 with guard:
                     active[0] -= 1
 
-    monkeypatch.setattr(pygpfast.svgp._estimators, "KMeans", Tracked)
+    monkeypatch.setattr(pygpfast._base._start, "KMeans", Tracked)
     X, y, _, _ = _data(200)
 
     def blas_threads():
@@ -136,7 +137,7 @@ def test_process_backend_grid_search_and_a_model_loaded_in_a_fresh_process(tmp_p
                                   serial.cv_results_["mean_test_score"])
     models = [search.best_estimator_,
               SVGPRegressor(n_inducing=5, max_iter=5, random_state=0).fit(X, yr),
-              VGPClassifier("ordinal", classes=["b", "a"], max_iter=2).fit(
+              VGPClassifier(likelihood="ordinal", classes=["b", "a"], max_iter=2).fit(
                   X, np.where(y == 1, "a", "b")),
               VGPPoissonRegressor(max_iter=2).fit(X, counts)]
     np.save(tmp_path / "X.npy", X)
@@ -233,7 +234,7 @@ def test_vgp_classes_keeps_classes_sorted_for_scikit_learns_scorers():
 
     rng = np.random.default_rng(1)
     levels = LEVELS[np.digitize(X[:, 0] + 0.3 * rng.standard_normal(120), [-0.5, 0.5])]
-    clf = VGPClassifier("ordinal", classes=list(LEVELS), max_iter=5).fit(X, levels)
+    clf = VGPClassifier(likelihood="ordinal", classes=list(LEVELS), max_iter=5).fit(X, levels)
     assert list(clf.class_order_) == list(LEVELS) and list(clf.classes_) == sorted(LEVELS)
     proba = clf.predict_proba(X)
     own = -np.mean(np.log(proba[np.arange(120), np.searchsorted(clf.classes_, levels)]))

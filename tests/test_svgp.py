@@ -288,7 +288,7 @@ def test_classifier_fits_and_predicts(rng):
     np.testing.assert_allclose(P.sum(1), 1.0)
     np.testing.assert_allclose(np.exp(clf.predict_log_proba(Xt)), P, rtol=1e-9, atol=1e-12)
     assert clf.inducing_points_.shape == (20, 2)
-    assert np.isfinite(clf.elbo_) and len(clf.history_) > 0
+    assert np.isfinite(clf.objective_) and len(clf.history_) > 0
     mean, var = clf.predict_latent(Xt)
     assert mean.shape == var.shape == (400,) and np.all(var > 0)
 

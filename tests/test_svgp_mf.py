@@ -358,10 +358,10 @@ def test_classifier_mf_fits_banana_like_data(rng):
     assert nlp < 0.25
     assert clf.mf_a_.shape == (300,) and clf.inducing_points_.shape == (12, 2)
     assert clf.optimizer_ == "lbfgs" and len(clf.history_) == clf.n_iter_ > 0
-    # elbo_ is eq. (12) at the fitted a, Z and kernel, and the history increases overall.
+    # objective_ is eq. (12) at the fitted a, Z and kernel, and the history increases overall.
     t = (y == "pos").astype(float)
     value = bound(clf.kernel_, clf.inducing_points_, X, t, clf.mf_a_)[0]
-    np.testing.assert_allclose(clf.elbo_, value, rtol=1e-10)
+    np.testing.assert_allclose(clf.objective_, value, rtol=1e-10)
     assert clf.history_[-1] >= clf.history_[0]
     clone = pickle.loads(pickle.dumps(clf))
     np.testing.assert_array_equal(clone.predict_proba(Xt), P)
@@ -371,7 +371,7 @@ def test_classifier_mf_with_frozen_hyperparameters_only_solves_a(rng):
     X, y = banana(rng, 100)
     clf = SVGPClassifier(method="mf", n_inducing=6, random_state=0, train_inducing=False,
                          optimize_hyperparameters=False, kernel=kernels.RBF(lengthscale=0.5)).fit(X, y)
-    assert clf.n_iter_ == 0 and clf.history_ == []
+    assert clf.n_iter_ == 0 and clf.history_.size == 0
     assert clf.kernel_.lengthscale == 0.5
     t = (y == "pos").astype(float)
     _, _, g, _ = bound(clf.kernel_, clf.inducing_points_, X, t, clf.mf_a_, with_grad=True)
@@ -385,7 +385,7 @@ def test_classifier_mf_with_frozen_hyperparameters_only_solves_a(rng):
         (lambda: SVGPRegressor(method="mf"), "probit"),
         (lambda: SVGPClassifier(method="mf", optimizer="adam"), "L-BFGS-B"),
         (lambda: SVGPClassifier(method="mf", batch_size=32), "L-BFGS-B"),
-        (lambda: SVGPClassifier(method="ep"), "'kl' or 'mf'"),
+        (lambda: SVGPClassifier(method="ep"), "one of 'kl', 'mf'"),
     ],
 )
 def test_mf_bad_settings(make, match):

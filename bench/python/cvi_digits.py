@@ -50,7 +50,7 @@ def make(backend):
             optimizer=None if backend == "sklearn-fixed" else "fmin_l_bfgs_b")
     import pygpfast
 
-    return pygpfast.VGPClassifier(backend, random_state=0)
+    return pygpfast.VGPClassifier(likelihood=backend, random_state=0)
 
 
 def main():

@@ -44,7 +44,7 @@ def ordinal_rep(n, seed, grid):
     X = rng.uniform(-3, 3, size=(n, 1))
     f = 2.0 * np.sin(X[:, 0])
     y = (rng.random(n)[:, None] > special.expit(PHI[None, :] - f[:, None])).sum(1)
-    clf = pygpfast.VGPClassifier("ordinal", kernel=RBF(variance=2.0, lengthscale=1.0),
+    clf = pygpfast.VGPClassifier(likelihood="ordinal", kernel=RBF(variance=2.0, lengthscale=1.0),
                                  random_state=seed).fit(X, y)
     mean, var = clf.predict_latent(grid)
     return mean[:, 0], np.sqrt(var[:, 0]), 2.0 * np.sin(grid[:, 0]), {

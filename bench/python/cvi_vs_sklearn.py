@@ -91,7 +91,7 @@ def fit_pygpfast(X, y, Xte, mode, D):
                                  optimize_hyperparameters=mode == "opt", random_state=0)
     row = timed_fit(clf, X, y, Xte)
     row.update(kernel=repr(clf.kernel_), evaluations=clf.n_evaluations_, iterations=clf.n_iter_,
-               objective=clf.bound_,
+               objective=clf.objective_,
                inference={k: clf.inference_info_[k] for k in ("iterations", "flops", "converged")})
     return row
 

@@ -1,20 +1,9 @@
-"""Input validation shared by the public API (scikit-learn's utilities underneath)."""
-
-import numbers
+"""Array validation shared by the public API (scikit-learn's utilities underneath)."""
 
 import numpy as np
 from sklearn.utils import check_array
 
-__all__ = ["KernelParams", "array_of_matrix", "as_matrix", "as_vector", "check_int",
-           "check_same_dim"]
-
-
-def check_int(value, name, low, *, allow_bool=False):
-    """Raise ValueError unless value is an int >= low (a bool only with allow_bool, for
-    ``verbose=True``)."""
-    if not (isinstance(value, numbers.Integral) and (allow_bool or not isinstance(value, bool))
-            and value >= low):
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+__all__ = ["array_of_matrix", "as_matrix", "as_vector", "check_same_dim", "power_of_two_unit"]
 
 
 def array_of_matrix(X):
@@ -75,27 +64,9 @@ def check_same_dim(X, X2, name="X2"):
         )
 
 
-def callback_says_stop(answer):
-    """Whether a user callback's return value asks the fit to stop (None or False: go on). A
-    value with no truth value of its own (an array of several entries) is a clear TypeError."""
-    try:
-        return bool(answer)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"callback must return a bool (True stops the fit) or None, got {answer!r}") from exc
-
-
-class KernelParams:
-    """set_params of an estimator whose `kernel` may be None (a default kernel made from the
-    data at fit): a kernel's own parameter (``kernel__lengthscale``) without a kernel is a
-    ValueError that says so; scikit-learn's set_params raised AttributeError ('NoneType' object
-    has no attribute 'set_params'), e.g. from GridSearchCV over ``kernel__lengthscale``."""
-
-    def set_params(self, **params):
-        nested = sorted(key for key in params if key.startswith("kernel__"))
-        if nested and params.get("kernel", self.kernel) is None:
-            raise ValueError(
-                f"{nested[0]!r} is a parameter of the kernel, but {type(self).__name__} has "
-                "kernel=None (a default kernel is made from the data at fit); pass a kernel, "
-                "e.g. kernel=pygpfast.kernels.RBF(), to set or search its parameters")
-        return super().set_params(**params)
+def power_of_two_unit(a, axis=None):
+    """A power of two within a factor 2 below max |a| (over `axis`; 1 where that is 0). Data
+    divided by it has entries in [-2, 2], so sums of squares do not overflow, and dividing by
+    a power of two is exact."""
+    largest = np.maximum(np.max(a, axis=axis), -np.min(a, axis=axis))  # (no copy of a)
+    return np.where(largest > 0, np.ldexp(1.0, np.frexp(largest)[1] - 1), 1.0)

@@ -31,7 +31,7 @@ def main():
     acc = np.mean(clf.classes_[proba.argmax(1)] == yte)
     print(f"pygpfast {pygpfast.__version__}: SVGP classifier on UCI ionosphere "
           f"({len(ytr)} train / {len(yte)} test, D={X.shape[1]}, M={clf.inducing_points_.shape[0]})")
-    print(f"fit time {fit_s:.2f} s ({clf.optimizer_}, {clf.n_iter_} iterations), ELBO {clf.elbo_:.2f}")
+    print(f"fit time {fit_s:.2f} s ({clf.optimizer_}, {clf.n_iter_} iterations), ELBO {clf.objective_:.2f}")
     print(f"hold-out accuracy {acc:.4f}")
     print(f"hold-out NLPD     {nlpd:.4f}")
 

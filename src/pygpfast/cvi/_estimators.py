@@ -49,20 +49,23 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.special
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .. import _core, _threads
+from .. import _core
 from .. import kernels as _kernels
 from .. import likelihoods as _likelihoods
+from .._base import _start
+from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._memory import check_fits, explain_memory_error
-from .._validation import KernelParams, array_of_matrix, callback_says_stop, check_int
-from ..exceptions import HeldWarnings, LinAlgError, warn_at_caller
+from .._base._optimize import lbfgs
+from .._base._params import COMMON, NONE, Interval, Options, check_int
+from .._validation import array_of_matrix
+from ..exceptions import LinAlgError, warn_at_caller
 from ..piecewise import llp_bound
-from ..svgp._estimators import _both_constant, _default_kernel, _second_search_clause, _second_start
 
 __all__ = ["LocalBound", "InferenceResult", "infer", "oa_objective", "VGPClassifier",
            "VGPPoissonRegressor"]
@@ -387,16 +390,13 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
     state["at_x"], state["at_value"] = x0, -f0
     history = [(-f0, state["flops"], state["evals"], time.perf_counter() - start)]
 
-    def callback(intermediate_result):
-        state["at_x"], state["at_value"] = intermediate_result.x.copy(), -intermediate_result.fun
-        history.append((-float(intermediate_result.fun), state["flops"], state["evals"],
-                        time.perf_counter() - start))
+    def on_iteration(_, x, value):
+        state["at_x"], state["at_value"] = x.copy(), -value
+        history.append((-value, state["flops"], state["evals"], time.perf_counter() - start))
 
     bounds = [(None, None)] * (L * N) + [(0.0, None)] * (L * N)
-    res = _threads.minimize(
-        objective, x0, jac=True, method="L-BFGS-B", bounds=bounds, callback=callback,
-        options={"maxiter": int(max_iter), "maxfun": 20 * int(max_iter) + 20,
-                 "ftol": float(tol), "gtol": 1e-12, "maxcor": 10})
+    res = lbfgs(objective, x0, bounds=bounds, max_iter=int(max_iter), ftol=float(tol), gtol=1e-12,
+                max_evaluations=20 * int(max_iter) + 20, on_iteration=on_iteration)
     x = res.x
     if np.array_equal(state["x"], x):  # L-BFGS-B usually returns its last evaluated point
         value = state["value"]
@@ -404,12 +404,12 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
         value = _core.cvi.oa_objective(
             *args, y, Sigma, mean, np.ascontiguousarray(x[: L * N].reshape(L, N)),
             np.ascontiguousarray(x[L * N:].reshape(L, N)))[0]
-    info = {"bound": value, "iterations": int(res.nit), "converged": bool(res.success),
+    info = {"bound": value, "iterations": res.n_iter, "converged": res.converged,
             "flops": state["flops"], "bound_evaluations": state["evals"],
-            "function_evaluations": int(res.nfev), "message": str(res.message),
+            "function_evaluations": res.n_evaluations, "message": res.message,
             "overflowing_trials": state["walls"]}
     return InferenceResult(value, x[: L * N].reshape(L, N).copy(), x[L * N:].reshape(L, N).copy(),
-                           None, np.array(history), int(res.nit), bool(res.success), info)
+                           None, np.array(history), res.n_iter, res.converged, info)
 
 
 # ------------------------------------------------------------------------------------------
@@ -553,35 +553,21 @@ def _fit_matrices(L, kernel, multinomial=False):
     return max(2 * L + 2 + 2 * bool(multinomial), L + 3 + _kernel_gradient_matrices(kernel))
 
 
-class _VGPEstimator(KernelParams, BaseEstimator):
+class _VGPEstimator(GPEstimator):
     """Shared fitting logic of VGPClassifier and VGPPoissonRegressor."""
+
+    _FITTED = "alpha_"
+    _OBJECTIVE = "bound"
+    _parameter_constraints = {
+        **COMMON,
+        "method": (Options(*_METHODS),),
+        "max_iter": (Interval(int, 1, None),),
+        "inner_max_iter": (Interval(int, 1, None),),
+        "block_size": (NONE, Interval(int, 1, None)),
+    }
 
     #: What to use when the N x N matrices do not fit (subclasses name their sparse peer).
     _SPARSE_PEER = "SVGPClassifier"
-
-    def __sklearn_is_fitted__(self):
-        # (a failed fit removes alpha_ but may leave other attributes, which scikit-learn's
-        # check_is_fitted would take for a fit)
-        return hasattr(self, "alpha_")
-
-    def _check_params(self):
-        if self.method not in _METHODS:
-            raise ValueError(f"method must be one of {_METHODS}, got {self.method!r}")
-        for name in ("max_iter", "inner_max_iter"):
-            check_int(getattr(self, name), name, 1)
-        if self.block_size is not None:
-            check_int(self.block_size, "block_size", 1)
-        check_int(self.verbose, "verbose", 0, allow_bool=True)
-        if self.callback is not None and not callable(self.callback):
-            raise ValueError(f"callback must be callable or None, got {self.callback!r}")
-        if not (isinstance(self.tol, numbers.Real) and not isinstance(self.tol, bool)
-                and 0 < self.tol < np.inf):
-            raise ValueError(f"tol must be a positive number, got {self.tol!r}")
-        if not (isinstance(self.jitter, numbers.Real) and 0 <= self.jitter < 1):
-            raise ValueError(f"jitter must be a number in [0, 1), got {self.jitter!r}")
-        if self.kernel is not None and not isinstance(self.kernel, _kernels.Kernel):
-            raise ValueError(f"kernel must be a pygpfast.kernels.Kernel (an instance) or None, "
-                             f"got {self.kernel!r}")
 
     def _memory_plan(self, N, local_bound, kernel):
         """(N, bytes per N^2, what, advice) of a fit on N points with local_bound's latent
@@ -601,28 +587,31 @@ class _VGPEstimator(KernelParams, BaseEstimator):
 
     def _fit(self, X, t, local_bound, mean, learn_mean):
         rs = check_random_state(self.random_state)
-        kernel = copy.deepcopy(self.kernel) if self.kernel is not None else _default_kernel(X, rs)
+        kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
+                  else _start.default_kernel(X, rs))
         start = copy.deepcopy(kernel)
         memory = self._memory_plan(X.shape[0], local_bound, kernel)
         check_fits(*memory)
         mean = np.asarray(mean, dtype=np.float64)
-        self._clock = time.perf_counter()
-        self.restart_ = None
+
+        def search(scaled):
+            # The search (or none) from `kernel`, or from `scaled` for a second one, with the
+            # fitted attributes set at its result.
+            run = _Run(self, X, t, _Hyperparameters(kernel if scaled is None else scaled,
+                                                    local_bound, mean, learn_mean))
+            self._start_reporting()
+            theta = self._optimise(run) if self.optimize_hyperparameters else run.hyper.get()
+            self._set_fitted(run, theta)
+            self._end_reporting()
+            self._run, self._theta = run, theta
+            return self._callback_stopped
+
         try:
             with explain_memory_error(*memory):
-                # (a search that a second one may replace holds its warnings until it is kept)
-                with HeldWarnings(self.optimize_hyperparameters) as held:
-                    run, theta, stopped = self._search(X, t, kernel, local_bound, mean,
-                                                       learn_mean)
-                found = self._diagnose(X, start)
-                if found is not None and self.optimize_hyperparameters and not stopped:
-                    restart = self._restart(X, t, rs, start, local_bound, mean, learn_mean,
-                                            (run, theta, held), found)
-                    if restart is not None:
-                        run, theta, held, start = restart
-                        found = self._diagnose(X, start)
-                        if found is not None and self.restart_["both_constant"]:
-                            found = None  # (both starts agree: the data show no signal)
+                found = self._search_twice(search, X, start, rs,
+                                           may_search_again=self.optimize_hyperparameters)
+                run, theta = self._run, self._theta
+                del self._run, self._theta
                 info, alpha, lam = self._set_fitted(run, theta)
                 self._predictive_factor()
         except BaseException:  # (a callback may have set the attributes of a search that failed)
@@ -632,12 +621,10 @@ class _VGPEstimator(KernelParams, BaseEstimator):
             self.history_, self.n_evaluations_ = info["history"][:, 0].copy(), 1
             self.n_iter_ = int(info["iterations"])
             if self.verbose:
-                print(f"[{type(self).__name__}] bound {self.bound_: .8e}  "
-                      f"{self.n_iter_} inference iterations  "
-                      f"{time.perf_counter() - self._clock:.1f} s", flush=True)
-        held.release()
+                print(f"[{type(self).__name__}] bound {self.objective_: .8e}  "
+                      f"{self.n_iter_} inference iterations", flush=True)
         if found is not None:
-            found.warn(stacklevel=3, suffix=_second_search_clause(self.restart_, "bound"))
+            found.warn(stacklevel=3, suffix=_start.second_search_clause(self.restart_, "bound"))
         if not info["converged"]:
             warnings.warn(f"{self.method} inference did not converge in inner_max_iter="
                           f"{self.inner_max_iter} iterations; increase it or tol",
@@ -646,59 +633,11 @@ class _VGPEstimator(KernelParams, BaseEstimator):
             self._check_oa_optimum(run.hyper, X, t, alpha, lam, float(info["bound"]))
         return self
 
-    def _search(self, X, t, kernel, local_bound, mean, learn_mean):
-        """The hyperparameter search (or none) from `kernel`, with the fitted attributes set at
-        its result: (run, theta, stopped by the callback)."""
-        run = _Run(self, X, t, _Hyperparameters(kernel, local_bound, mean, learn_mean))
-        theta, stopped = (self._optimise(run) if self.optimize_hyperparameters
-                          else (run.hyper.get(), False))
-        self._set_fitted(run, theta)
-        return run, theta, stopped
-
-    def _diagnose(self, X, start):
-        """kernels.diagnose of the fitted kernel_ (a Degeneracy, or None)."""
-        return _kernels.diagnose(self.kernel_, X, start=start, scale=1.0,
-                                 who=type(self).__name__, searched=self.optimize_hyperparameters,
-                                 fixed=not self.optimize_hyperparameters)
-
-    def _restart(self, X, t, rs, start, local_bound, mean, learn_mean, first, found):
-        """A second search from the data-scaled start (the default kernel's lengthscales and
-        variance in the structure of `start`) after the first, `first` = (run, theta, its
-        HeldWarnings), ended degenerate (`found`); keeps whichever reaches the higher bound and
-        records both in restart_. Returns (run, theta, HeldWarnings, start) of the kept search,
-        or None when there is no other start."""
-        scaled = _second_start(start, X, rs, 1.0)
-        if scaled is None:
-            return None
-        run, theta, held = first
-        earlier = (self.history_, self.n_iter_, self.n_evaluations_)
-        first_bound, first_kernel = self.bound_, self.kernel_
-        if self.verbose:
-            print(f"[{type(self).__name__}] the search ended degenerate ({found.kind}); "
-                  f"searching again from {scaled!r}", flush=True)
-        with HeldWarnings() as held2:
-            run2, theta2, _ = self._search(X, t, copy.deepcopy(scaled), local_bound, mean,
-                                           learn_mean)
-        second_bound = self.bound_
-        evaluations = earlier[2] + self.n_evaluations_
-        kept = "data-scaled" if second_bound >= first_bound else "given"
-        self.restart_ = {
-            "reason": found.kind, "start": copy.deepcopy(scaled), "kept": kept,
-            "bounds": (float(first_bound), float(second_bound)),
-            "both_constant": _both_constant(first_kernel, self.kernel_, scaled, X, 1.0)}
-        if kept == "given":
-            self._set_fitted(run, theta)
-            self.history_, self.n_iter_ = earlier[0], earlier[1]
-            result = (run, theta, held, start)
-        else:
-            result = (run2, theta2, held2, scaled)
-        self.n_evaluations_ = evaluations
-        return result
+    def _combine_searches(self, first, second):
+        self.n_evaluations_ = first["n_evaluations_"] + second["n_evaluations_"]
 
     def _forget(self):
-        """Unfit: a fit that fails leaves no mix of the previous fit and this one."""
-        if hasattr(self, "alpha_"):  # (what check_is_fitted looks for)
-            del self.alpha_
+        super()._forget()
         # (and the previous fit's L N x N factors, which would otherwise stay allocated through
         # the new fit's peak)
         if hasattr(self, "predictive_factor_"):
@@ -711,7 +650,7 @@ class _VGPEstimator(KernelParams, BaseEstimator):
         self.kernel_ = copy.deepcopy(run.hyper.kernel)
         self.local_bound_ = copy.deepcopy(run.hyper.local_bound)
         self.mean_ = run.hyper.mean.copy()
-        self.bound_ = float(info["bound"])
+        self.objective_ = float(info["bound"])
         self.inference_info_ = {k: v for k, v in info.items() if k != "history"}
         self.alpha_, self.lambda_ = alpha, lam
         self.predictive_factor_ = None  # (_predictive_factor computes it when first needed)
@@ -761,41 +700,26 @@ class _VGPEstimator(KernelParams, BaseEstimator):
                 "method='fixed-point'", ConvergenceWarning, stacklevel=4)
 
     def _optimise(self, run):
-        """L-BFGS-B on -bound / N over the hyperparameters: (the best theta, whether the callback
-        stopped it); a ConvergenceWarning when it stopped at max_iter."""
+        """L-BFGS-B on -bound / N over the hyperparameters: the best theta; a
+        ConvergenceWarning when it stopped at max_iter."""
         N = run.X.shape[0]
-        history = []
-        stopped = []
 
         def objective(theta):
             info, grads = run.evaluate(theta)
             return -info["bound"] / N, -run.hyper.gradient(*grads) / N
 
-        def callback(intermediate_result):
-            bound = -float(intermediate_result.fun) * N
-            history.append(bound)
-            it = len(history)
-            if self.verbose and it % self.verbose == 0:
-                print(f"[{type(self).__name__}] iter {it:4d}  bound {bound: .8e}  "
-                      f"{run.evaluations} evaluations  "
-                      f"{time.perf_counter() - self._clock:.1f} s", flush=True)
-            if self.callback is not None:
-                self._set_fitted(run, intermediate_result.x)  # (it may predict)
-                self.history_, self.n_iter_ = np.array(history), it  # (not the last fit's)
-                if callback_says_stop(self.callback(self, it, bound)):
-                    stopped.append(it)
-                    raise StopIteration  # (L-BFGS-B then returns its current point)
+        def on_iteration(it, theta, value):
+            return self._report(it, -value * N, f"{run.evaluations} evaluations",
+                                before_callback=lambda: self._set_fitted(run, theta))
 
-        res = _threads.minimize(
-            objective, run.hyper.get(), jac=True, method="L-BFGS-B", bounds=run.hyper.bounds(),
-            callback=callback,
-            options={"maxiter": self.max_iter, "ftol": _SEARCH_TOL_FACTOR * self.tol, "gtol": 1e-6})
-        self.history_, self.n_iter_ = np.array(history), int(res.nit)
-        self.n_evaluations_ = int(res.nfev)
-        if not res.success and res.nit >= self.max_iter:
+        res = lbfgs(objective, run.hyper.get(), bounds=run.hyper.bounds(),
+                    max_iter=self.max_iter, ftol=_SEARCH_TOL_FACTOR * self.tol, gtol=1e-6,
+                    on_iteration=on_iteration)
+        self.n_iter_, self.n_evaluations_ = res.n_iter, res.n_evaluations
+        if res.problem == "max_iter":
             warn_at_caller(f"hyperparameter optimisation stopped after max_iter={self.max_iter} "
                            "iterations; increase max_iter for a tighter fit", ConvergenceWarning)
-        return res.x, bool(stopped)
+        return res.x
 
     def _inference(self, hyper, X, t, alpha, lam):
         """Inference at hyperparameters `hyper` from the warm start (alpha, lam), with the
@@ -875,7 +799,7 @@ _COMMON_DOC = """
 """
 
 _COMMON_ATTRIBUTES = """
-    bound_ : float
+    objective_ : float
         The lower bound on log p(y) at the fitted q and hyperparameters.
     history_ : ndarray
         The bound after each hyperparameter iteration (of the search kept, see ``restart_``),
@@ -975,7 +899,7 @@ def _encode_classes(y, classes):
     return classes, t
 
 
-class VGPClassifier(ClassifierMixin, _VGPEstimator):
+class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
     __doc__ = (
         """Full-GP classifier by concave variational inference (Khan, Mohamed & Murphy 2012).
 
@@ -1011,7 +935,7 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
         + _COMMON_ATTRIBUTES
     )
 
-    def __init__(self, likelihood="logit", *, kernel=None, bound="quadratic", n_pieces=20,
+    def __init__(self, kernel=None, *, likelihood="logit", bound="quadratic", n_pieces=20,
                  method="fixed-point", optimize_hyperparameters=True, max_iter=200,
                  inner_max_iter=200, tol=1e-8, block_size=None, jitter=1e-6, classes=None,
                  learn_mean=None, random_state=None, verbose=0, callback=None):
@@ -1169,10 +1093,6 @@ class VGPClassifier(ClassifierMixin, _VGPEstimator):
                                       + gap)
         return log_proba
 
-    def predict(self, X):
-        """Most probable class [T]."""
-        proba = self.predict_proba(X)
-        return self.classes_[np.argmax(proba, axis=1)]
 
 
 class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):

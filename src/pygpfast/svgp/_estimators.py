@@ -9,35 +9,31 @@ Public estimators: :class:`SVGPClassifier` and :class:`SVGPRegressor`. The optim
 """
 
 import copy
-import numbers
-import threading
 import time
 import warnings
 
 import numpy as np
 from scipy.linalg import cho_solve
-from threadpoolctl import threadpool_limits
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, is_classifier
-from sklearn.cluster import KMeans
+from sklearn.base import ClassifierMixin, RegressorMixin, is_classifier
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils import assert_all_finite, check_random_state, column_or_1d
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets, unique_labels
-from sklearn.utils.random import sample_without_replacement
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
 
 from .. import _core
-from .. import kernels as _kernels
 from .. import likelihoods as _likelihoods
 from .._base._memory import check_fits, explain_memory_error
 from .._base._streaming import block_rows, check_rows, iter_blocks, minibatches
-from .._threads import get_num_threads, one_blas_thread
-from .._validation import (KernelParams, as_matrix, as_vector, callback_says_stop, check_int,
-                          check_same_dim)
-from ..exceptions import HeldWarnings, warn_at_caller, warn_inducing_jitter
+from .._base import _start
+from .._base._estimator import GPClassifierMixin, GPEstimator
+from .._base._params import (BOOL, COMMON, NONE, Interval, Kind, Options, check_int,
+                             check_params)
+from .._validation import as_matrix, as_vector, check_same_dim, power_of_two_unit
+from ..exceptions import warn_at_caller, warn_inducing_jitter
 from . import _mf as _svgp_mf
-from ._optim import StochasticTrainer, fit_lbfgs, natural_gap, power_of_two_unit
+from ._optim import StochasticTrainer, fit_lbfgs, natural_gap
 
 __all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]
 
@@ -207,153 +203,25 @@ def _as_array(a, name, shape):
     return a
 
 
-#: Held around the k-means of _init_inducing. scikit-learn's KMeans limits the BLAS to one
-#: thread while it runs (threadpoolctl: it reads the process-wide count on entry and sets it
-#: back on exit), and two such limits that overlap in threads restore in the wrong order: SVGP
-#: fits in threads (GridSearchCV with the threading backend) left numpy's and scipy's BLAS on
-#: one thread for the rest of the process. (It runs in a one_blas_thread scope too, so that its
-#: limit does not interleave with the core's scopes on scipy's BLAS either.)
-_KMEANS_LOCK = threading.Lock()
-
-
-def _init_inducing(X, M, random_state):
-    """M inducing inputs [M, D]: k-means centres (k-means++ start, at most 30 Lloyd
-    iterations) of a random subsample of max(10 M, 10000) rows of X, read at once, so the cost
-    does not grow with N (about 0.1 s for M = 100 on one core) and memory-mapped data is
-    touched only there. The k-means threads follow pygpfast.set_num_threads, but a clustering
-    of under ~1e9 flops (n_sub M D per iteration times 30) runs on one thread: on a shared
-    machine its many short parallel regions each wait for a paused thread (measured under
-    load: 1.4 s on two threads against 0.36 s on one)."""
-    N = X.shape[0]
-    if M >= N:
-        return np.array(X, dtype=np.float64, order="C")
-    n_sub = min(N, max(10 * M, 10000))
-    idx = np.sort(sample_without_replacement(N, n_sub, random_state=random_state))
-    sub = np.asarray(X[idx], dtype=np.float64)
-    # (In units of a power of two: k-means' squared distances overflow for inputs beyond
-    # ~1e154, and the scaling is exact, so the centres are otherwise bitwise the same.)
-    scale = float(power_of_two_unit(sub))
-    km = KMeans(n_clusters=M, n_init=1, max_iter=30, random_state=random_state.randint(2**31 - 1))
-    threads = 1 if 30.0 * 3 * n_sub * M * sub.shape[1] < 1e9 else get_num_threads()
-    with _KMEANS_LOCK, one_blas_thread(), threadpool_limits(limits=threads, user_api="openmp"):
-        km.fit(np.divide(sub, scale, out=sub))  # (sub is a copy already)
-    return np.ascontiguousarray(km.cluster_centers_ * scale)
-
-
-def _same_param(a, b):
-    """Whether parameter values a and b are the same: equal numbers or strings, else the same
-    object (a kernel, an array)."""
-    plain = (numbers.Number, str, type(None))
-    return a is b or (isinstance(a, plain) and isinstance(b, plain) and a == b)
-
-
-def _default_kernel(X, random_state, variance=1.0):
-    """RBF with ARD lengthscales set by the median-distance heuristic per input dimension
-    (median |x_d - x'_d| over 1000 x 200 pairs of a subsample, times sqrt(D))."""
-    N, D = X.shape
-    idx = np.sort(sample_without_replacement(N, min(N, 1000), random_state=random_state))
-    sub = np.asarray(X[idx], dtype=np.float64)
-    spread = np.array([np.median(np.abs(sub[:, None, d] - sub[None, :200, d])) for d in range(D)])
-    spread = np.where(spread > 0, spread, 1.0)
-    return _kernels.RBF(variance=variance, lengthscale=spread * np.sqrt(D))
-
-
-def _diagnosis_sample(X, max_rows=2000):
-    """At most `max_rows` evenly spaced rows of X (float64), read at once (a memory-mapped X is
-    touched only there), for kernels.diagnose."""
-    return np.ascontiguousarray(X[_kernels._query_rows(X.shape[0], max_rows)], dtype=np.float64)
-
-
-def _data_scaled_kernel(kernel, X, random_state, variance=1.0):
-    """A copy of `kernel` started where the default kernel starts (:func:`_default_kernel`):
-    each stationary leaf with the median-distance lengthscales (their geometric mean for an
-    isotropic one) and the variance `variance` (1 for all but the first stationary leaf of a
-    product, whose variances multiply); the other leaves (Linear, Constant, White) as they are.
-    None when `kernel` has no stationary leaf. The start of the estimators' second search after
-    a first one from `kernel` ended degenerate (kernels.diagnose)."""
-    if not _has_stationary_leaf(kernel):
-        return None
-    reference = _default_kernel(X, random_state, variance).lengthscale
-    scaled = copy.deepcopy(kernel)
-
-    def assign(k, var):
-        if isinstance(k, _kernels._Stationary):
-            k.lengthscale = (reference if np.ndim(k.lengthscale)
-                             else float(np.exp(np.mean(np.log(reference)))))
-            k.variance = var
-            return True
-        if isinstance(k, _kernels.Product):
-            seen = False
-            for term in k.kernels:
-                seen = assign(term, 1.0 if seen else var) or seen
-            return seen
-        if isinstance(k, _kernels.Sum):
-            return any([assign(term, var) for term in k.kernels])
-        return False
-
-    assign(scaled, variance)
-    return scaled
-
-
-def _has_stationary_leaf(kernel):
-    """Whether `kernel` has a stationary leaf, whose lengthscales and variance a second search
-    can start from the data's scale (:func:`_data_scaled_kernel`)."""
-    return any(isinstance(leaf, _kernels._Stationary) for leaf in _kernels._leaves(kernel))
-
-
-def _second_start(start, X, random_state, variance=1.0):
-    """The start of the estimators' second search after the first, from `start`, ended
-    degenerate: the data-scaled kernel (:func:`_data_scaled_kernel`), or, where that is
-    `start` itself (kernel=None), the same with lengthscales e^2 longer: a smoother prior, from
-    which the search reaches short lengthscales from above. (From the median-distance start,
-    L-BFGS-B's first steps can land in a memorising optimum at the short end: Poisson counts
-    around e^5 on 50 rows, where starts at a quarter to ten times that lengthscale all find
-    the smooth optimum.) None when `start` has no stationary leaf."""
-    scaled = _data_scaled_kernel(start, X, random_state, variance)
-    if scaled is not None and np.allclose(scaled.theta, start.theta, rtol=0, atol=0.1):
-        for leaf in _kernels._leaves(scaled):
-            if isinstance(leaf, _kernels._Stationary):
-                leaf.lengthscale = np.exp(2.0) * leaf.lengthscale
-    return scaled
-
-
-def _both_constant(first, second, scaled, X, scale):
-    """restart_["both_constant"]: whether the searches from the given start and from the
-    data-scaled one, `scaled`, ended at kernels (`first`, `second`) whose latent functions are
-    constant on the rows of X (:func:`kernels.latent_is_constant`, latent scale `scale`), and
-    `scaled` is not flat there. Such agreement is the data's verdict (labels without signal);
-    a data-scaled start that a factor without lengthscales keeps flat (Linear(variance=1e-8) in
-    a product) stalls as the first did, and agrees with it by that alone."""
-    return (_kernels.prior_spread(scaled, X) >= _kernels.STALLED_SPREAD * scale
-            and all(_kernels.latent_is_constant(k, X, scale) for k in (first, second)))
-
-
-def _second_search_clause(restart, objective):
-    """What a degenerate fit's warning adds about the second search recorded in `restart`
-    (restart_, with the two searches' `objective`, "bound" or "ELBO", under its plural key):
-    "" when there was none."""
-    if restart is None:
-        return ""
-    first, second = restart[objective.lower() + "s"]
-    return ("; a second search, from a kernel variance and lengthscales set by the data's "
-            "scale, "
-            + (f"reached a lower {objective} ({second:.6g} against {first:.6g})"
-               if restart["kept"] == "given" else
-               f"was kept for its higher {objective} ({second:.6g} against {first:.6g}), and "
-               f"is degenerate too"))
-
-
-def _check_auto_or_positive(value, name, upper=None):
-    if isinstance(value, str) and value == "auto":
-        return
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < np.inf
-    if not ok or (upper is not None and value > upper):
-        bound = f"in (0, {upper}]" if upper is not None else "positive"
-        raise ValueError(f"{name} must be 'auto' or a number {bound}, got {value!r}")
-
-
-class _SVGPEstimator(KernelParams, BaseEstimator):
+class _SVGPEstimator(GPEstimator):
     """Shared fitting logic of SVGPClassifier and SVGPRegressor."""
+
+    _FITTED = "model_"
+    _OBJECTIVE = "ELBO"
+    _parameter_constraints = {
+        **COMMON,
+        "n_inducing": (Interval(int, 1, None),),
+        "inducing_points": (NONE, Kind(lambda v: not isinstance(v, (str, bool)), "an array [M, D]")),
+        "method": (Options("kl", "mf"),),
+        "whiten": (BOOL,),
+        "optimizer": (Options("auto", "lbfgs", "natgrad", "adam", "adadelta"),),
+        "batch_size": (Options("auto"), Interval(int, 1, None)),
+        "learning_rate": (Options("auto"), Interval(float, 0.0, None, closed="neither")),
+        "natgrad_step": (Options("auto"), Interval(float, 0.0, 1.0, closed="right")),
+        "max_iter": (NONE, Interval(int, 1, None)),
+        "n_iter_no_change": (Interval(int, 1, None),),
+        "train_inducing": (BOOL,),
+    }
 
     #: Peak memory of a fit in float64 M x M matrices, (a, b) for a L + b with L latent
     #: functions: q_sqrt and its gradient, L-BFGS-B's correction pairs over the packed q (10
@@ -379,7 +247,6 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
     #: Adam and Adadelta (fit): a ConvergenceWarning when one full-data natural-gradient step
     #: on q(u) would raise the ELBO per row by more than this (relative to max(1, |ELBO / N|)).
     _Q_GAP_TOL = 0.01
-    _OPTIMIZERS = ("auto", "lbfgs", "natgrad", "adam", "adadelta")
 
     # Subclasses implement:
     #   _encode_targets(y, first_call, classes) -> float64 targets for the core
@@ -388,42 +255,14 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
     # and _prior_mean(t) (the starting constant mean, learned with the hyperparameters; None:
     # a zero mean, not learned).
 
-    def _target_scale(self):
-        return 1.0
-
     def _prior_mean(self, t):
         return None
 
-    def __sklearn_is_fitted__(self):
-        # (a failed fit removes model_ but may leave other attributes, which scikit-learn's
-        # check_is_fitted would take for a fit)
-        return hasattr(self, "model_")
-
     # ---------------------------------------------------------------- parameters
     def _check_params(self):
-        if self.method not in ("kl", "mf"):
-            raise ValueError(f"method must be 'kl' or 'mf', got {self.method!r}")
-        if self.optimizer not in self._OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {self._OPTIMIZERS}, got {self.optimizer!r}")
+        check_params(self, self._parameter_constraints)
         if self.method == "mf":
             _svgp_mf.check_estimator_params(self)
-        check_int(self.n_inducing, "n_inducing", 1)
-        if self.max_iter is not None:
-            check_int(self.max_iter, "max_iter", 1)
-        check_int(self.n_iter_no_change, "n_iter_no_change", 1)
-        check_int(self.verbose, "verbose", 0, allow_bool=True)
-        if self.batch_size != "auto":
-            check_int(self.batch_size, "batch_size", 1)
-        _check_auto_or_positive(self.learning_rate, "learning_rate")
-        _check_auto_or_positive(self.natgrad_step, "natgrad_step", upper=1.0)
-        if not (isinstance(self.tol, numbers.Real) and self.tol >= 0):
-            raise ValueError(f"tol must be a number >= 0, got {self.tol!r}")
-        if not (isinstance(self.jitter, numbers.Real) and 0 < self.jitter < np.inf):
-            raise ValueError(f"jitter must be a positive number, got {self.jitter!r}")
-        if self.kernel is not None and not isinstance(self.kernel, _kernels.Kernel):
-            raise ValueError(f"kernel must be a pygpfast.kernels.Kernel or None, got {self.kernel!r}")
-        if self.callback is not None and not callable(self.callback):
-            raise ValueError(f"callback must be callable or None, got {self.callback!r}")
 
     def _resolve_optimizer(self, n_rows, streaming):
         if self.optimizer == "auto":
@@ -503,9 +342,9 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         memory = self._memory_plan(M, likelihood.latent_dim, optimizer, call)
         check_fits(*memory)
         kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
-                  else _default_kernel(X, rs, self._target_scale()))
+                  else _start.default_kernel(X, rs, self._target_scale()))
         if Z is None:
-            Z = _init_inducing(X, M, rs)
+            Z = _start.init_inducing(X, M, rs)
         return SVGP(kernel, likelihood, Z, whiten=self.whiten, jitter=self.jitter,
                     prior_mean=self._prior_mean(t)), memory
 
@@ -537,15 +376,13 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         self
         """
         self._check_params()
-        if hasattr(self, "model_"):  # a refit that fails leaves the estimator unfitted, not mixed
-            del self.model_
+        self._forget()  # (a refit that fails leaves the estimator unfitted, not mixed)
         X, y = self._validate_Xy(X, y, reset=True)
         t = self._encode_targets(y, first_call=True)
         try:
             return self._fit_encoded(X, t)
         except BaseException:  # (a failed step, or a callback that raised, KeyboardInterrupt too)
-            if hasattr(self, "model_"):
-                del self.model_
+            self._forget()
             raise
 
     def _fit_encoded(self, X, t):
@@ -554,91 +391,38 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         optimizer = self._resolve_optimizer(N, streaming=False)
         model, memory = self._init_model(X, t, rs, optimizer)
         start, Z0 = copy.deepcopy(model.kernel), model.Z.copy()
-        sample = _diagnosis_sample(X)
+        # (partial_fit's, as a fit weighs minibatches against N; method='mf''s, set again by
+        # _fit_mf: both described an earlier fit)
+        for stale in ("n_total_", "mf_a_"):
+            if hasattr(self, stale):
+                delattr(self, stale)
+        self._rng, self._trainer, self.n_rows_seen_ = rs, None, N
+        self._started_with = self.get_params(deep=False)  # (for partial_fit's later calls)
+        full_batch = self.method == "mf" or optimizer == "lbfgs"
+
+        def search(kernel):
+            # The first search fits the model started above; a second one, from `kernel`, a
+            # model with the same starting Z, q(u) and likelihood.
+            fitted = model if kernel is None else SVGP(
+                kernel, self._make_likelihood(), Z0, whiten=self.whiten, jitter=self.jitter,
+                prior_mean=self._prior_mean(t))
+            self._set_model(fitted)
+            self._start_reporting()
+            self._fit_model(fitted, X, t, optimizer)
+            self._end_reporting()
+            return self._callback_stopped
+
         with explain_memory_error(*memory):
-            self._set_model(model)
-            self.history_ = []
-            self._clock = time.perf_counter()
-            self._rng, self._trainer, self.n_rows_seen_ = rs, None, N
-            self._started_with = self.get_params(deep=False)  # (for partial_fit's later calls)
-            self._callback_stopped = False
-            self.restart_ = None
-            # (partial_fit's, as a fit weighs minibatches against N; method='mf''s, set again by
-            # _fit_mf: both described an earlier fit)
-            for stale in ("n_total_", "mf_a_"):
-                if hasattr(self, stale):
-                    delattr(self, stale)
-            full_batch = self.method == "mf" or optimizer == "lbfgs"
-            # (a search that a second one may replace holds its warnings until it is kept)
-            with HeldWarnings(self.optimize_hyperparameters and full_batch) as held:
-                self._fit_model(model, X, t, optimizer)
-            found = self._diagnose(sample, start, self.optimize_hyperparameters)
-            if (found is not None and self.optimize_hyperparameters and full_batch
-                    and not self._callback_stopped):
-                restart = self._restart_model(X, t, rs, start, Z0, found)
-                if restart is not None:
-                    first, model, scaled = restart
-                    with HeldWarnings() as held_second:
-                        self._fit_model(model, X, t, optimizer)
-                    start = self._keep_better(first, start, scaled, sample, found)
-                    if self.restart_["kept"] == "data-scaled":
-                        held = held_second
-                    found = self._diagnose(sample, start, True)
-                    if found is not None and self.restart_["both_constant"]:
-                        found = None  # (both starts agree: the data show no signal)
-        held.release()
+            found = self._search_twice(search, X, start, rs, may_search_again=(
+                self.optimize_hyperparameters and full_batch))
         if found is not None:
-            suffix = _second_search_clause(self.restart_, "ELBO")
+            suffix = _start.second_search_clause(self.restart_, "ELBO")
             if (self.restart_ is None and self.optimize_hyperparameters and not full_batch
-                    and _has_stationary_leaf(start)):
+                    and _start.has_stationary_leaf(start)):
                 suffix = (f"; the full-batch optimizer='lbfgs' would search again from "
                           f"there, {self.optimizer_!r} does not")
             found.warn(stacklevel=3, suffix=suffix)
         return self
-
-    def _diagnose(self, sample, start, searched):
-        """kernels.diagnose of the fitted model (a Degeneracy, or None) on `sample`, an evenly
-        spaced subsample of the training inputs."""
-        return _kernels.diagnose(self.model_.kernel, sample, start=start,
-                                 scale=self._target_scale(), who=type(self).__name__,
-                                 searched=searched, fixed=not self.optimize_hyperparameters,
-                                 Z=self.model_.Z)
-
-    def _restart_model(self, X, t, rs, start, Z0, found):
-        """The model of a second full-batch fit after the first ended degenerate (`found`): the
-        data-scaled start (the default kernel's lengthscales and variance in the structure of
-        `start`), the starting inducing inputs Z0, q(u) and likelihood, set as the fitted model.
-        Returns (the first fit's state, the model, its kernel's start), or None when there is
-        no other start."""
-        scaled = _second_start(start, X, rs, self._target_scale())
-        if scaled is None:
-            return None
-        first = dict(self._fitted_state())
-        if self.verbose:
-            print(f"[{type(self).__name__}] the search ended degenerate ({found.kind}); "
-                  f"searching again from {scaled!r}", flush=True)
-        model = SVGP(copy.deepcopy(scaled), self._make_likelihood(), Z0, whiten=self.whiten,
-                     jitter=self.jitter, prior_mean=self._prior_mean(t))
-        self._set_model(model)
-        self.history_ = []
-        self._clock = time.perf_counter()
-        return first, model, scaled
-
-    def _keep_better(self, first, start, scaled, sample, found):
-        """After the second fit (from `scaled`): keep it or restore the `first` fit's state,
-        whichever reached the higher ELBO, and record both in restart_. Returns the kept fit's
-        start."""
-        kept = "data-scaled" if self.elbo_ >= first["elbo_"] else "given"
-        elbos = (float(first["elbo_"]), float(self.elbo_))
-        both_constant = _both_constant(first["model_"].kernel, self.model_.kernel, scaled,
-                                       sample, self._target_scale())
-        if kept == "given":
-            for name in self._fitted_state():
-                delattr(self, name)
-            vars(self).update(first)
-        self.restart_ = {"reason": found.kind, "start": copy.deepcopy(scaled), "kept": kept,
-                         "elbos": elbos, "both_constant": both_constant}
-        return scaled if kept == "data-scaled" else start
 
     #: max_iter=None: L-BFGS-B iterations, and epochs of the stochastic optimisers.
     _DEFAULT_ITERATIONS = {"lbfgs": 5000, "epochs": 1000}
@@ -664,7 +448,7 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
             X = np.ascontiguousarray(X, dtype=np.float64)
             self.n_iter_, problem = fit_lbfgs(
                 model, X, t, train_Z=self.train_inducing, train_hyper=self.optimize_hyperparameters,
-                max_iter=self._max_iter("lbfgs"), tol=self.tol, report=self._report,
+                max_iter=self._max_iter("lbfgs"), tol=self.tol, report=self._report_step,
             )
             converged = problem != "max_iter"
             if problem not in (None, "max_iter"):
@@ -672,7 +456,7 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                                "near-singular K(Z, Z)? larger jitter, distinct inducing_points "
                                "or whiten=True can help)", ConvergenceWarning)
             self._set_model(model)
-            self.elbo_ = model.elbo(X, t)[0]
+            self.objective_ = model.elbo(X, t)[0]
             self.n_steps_ = self.n_iter_
             unit = "iterations"
         else:
@@ -733,7 +517,7 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         for epoch in range(1, max_iter + 1):
             t0 = time.perf_counter()
             elbo, rows = trainer.run(batches, steps, N)
-            if self._report(epoch, elbo, rows / max(time.perf_counter() - t0, 1e-12)):
+            if self._report_step(epoch, elbo, rows / max(time.perf_counter() - t0, 1e-12)):
                 return epoch, "callback", gap
             if elbo / N > best + self.tol:
                 best, stall = elbo / N, 0
@@ -878,14 +662,16 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
             self._set_model(self._init_model(X, t, self._rng, optimizer, "partial_fit")[0])
             start = copy.deepcopy(self.model_.kernel)
             self.restart_ = None  # (partial_fit does not search again)
-            self.history_ = []
+            self._start_reporting()
             self.n_iter_ = 0
             self.n_rows_seen_ = self.n_steps_ = 0
-            self._clock = time.perf_counter()
             self._trainer = None
             self._started_with = self.get_params(deep=False)
         else:
             self._warn_ignored_params(optimiser_starts=self._trainer is None)
+            clock = self._clock  # (verbose's time counts from the first call)
+            self._start_reporting(self.history_)
+            self._clock = clock
         if self._trainer is None:  # first call, or after a full-batch fit
             self.optimizer_ = optimizer
             self._trainer = self._make_trainer(self.model_, self.optimizer_, full_batch=False)
@@ -897,9 +683,10 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         elbo, rows = self._trainer.run(minibatches(X, t, B, self._rng), steps, self.n_total_)
         self.n_iter_ += 1
         self.n_steps_ += steps
-        self._report(self.n_iter_, elbo, rows / max(time.perf_counter() - t0, 1e-12))
+        self._report_step(self.n_iter_, elbo, rows / max(time.perf_counter() - t0, 1e-12))
+        self._end_reporting()
         if first:  # (the start, on the first chunk: minibatch steps cannot search again)
-            found = self._diagnose(_diagnosis_sample(X), start, False)
+            found = self._diagnose(_start.diagnosis_sample(X), start, False)
             if found is not None:
                 found.warn(stacklevel=3, suffix="; partial_fit checks its first chunk only")
         return self
@@ -917,7 +704,7 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         params, started = self.get_params(deep=False), self._started_with
         names = self._MODEL_PARAMS + (() if optimiser_starts else self._OPTIMISER_PARAMS)
         changed = [name for name in names
-                   if name in params and not _same_param(params[name], started[name])]
+                   if name in params and not _start.same_param(params[name], started[name])]
         if changed:
             warnings.warn(
                 f"partial_fit continues the model{'' if optimiser_starts else ' and optimiser'} "
@@ -925,22 +712,9 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
                 "the next fit on)", UserWarning, stacklevel=4)
         self._started_with = params
 
-    def _report(self, it, elbo, rows_per_s):
-        # (n_iter_ and elbo_ so far, for the callback: a refit's callback read the earlier fit's;
-        # L-BFGS-B's final elbo_ is then computed at the result)
-        self.n_iter_, self.elbo_ = it, float(elbo)
-        self.history_.append(float(elbo))
-        if self.verbose and it % self.verbose == 0:
-            print(
-                f"[{type(self).__name__}] iter {it:5d}  ELBO {elbo: .6e}  "
-                f"{rows_per_s:,.0f} rows/s  {time.perf_counter() - self._clock:.1f} s",
-                flush=True,
-            )
-        if self.callback is not None:
-            stop = callback_says_stop(self.callback(self, it, elbo))
-            self._callback_stopped = stop  # (fit does not search again after a stop)
-            return stop
-        return False
+    def _report_step(self, it, elbo, rows_per_s):
+        """The base's report, with the rows per second of the iteration."""
+        return self._report(it, elbo, f"{rows_per_s:,.0f} rows/s")
 
     def _fit_mf(self, model, X, t):
         """The sparse mean-field method (seed 000 section 3.1); see pygpfast._svgp_mf."""
@@ -952,7 +726,7 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         def report(it, bound, rows_per_s, current):
             if self.callback is not None:  # which may predict: give it the current q(u)
                 self._set_mf(model, current())
-            return self._report(it, bound, rows_per_s)
+            return self._report_step(it, bound, rows_per_s)
 
         fit = _svgp_mf.fit(
             model.kernel, model.Z, X, t, jitter=self.jitter, train_Z=self.train_inducing,
@@ -962,7 +736,7 @@ class _SVGPEstimator(KernelParams, BaseEstimator):
         self._set_mf(model, fit)
         self.optimizer_ = "lbfgs"
         self.n_iter_ = self.n_steps_ = fit.n_iter
-        self.elbo_ = fit.bound
+        self.objective_ = fit.bound
         return self
 
     def _set_mf(self, model, fit):
@@ -1001,7 +775,7 @@ _COMMON_DOC = """
     method : {'kl', 'mf'}, default 'kl'
         'kl': the KL method of seed 000 section 4. 'mf': the sparse mean-field method of
         section 3.1 (SVGPClassifier with the probit likelihood only; full-batch L-BFGS-B;
-        ``elbo_`` is then its bound, eq. 12, predictions use its Gaussian approximation of
+        ``objective_`` is then its bound, eq. 12, predictions use its Gaussian approximation of
         q(u), and ``whiten`` does not apply).
     whiten : bool, default True
         Parameterise q through v = Lz^-1 u with p(v) = N(0, I).
@@ -1076,17 +850,17 @@ _COMMON_ATTRIBUTES = """
     kernel_, likelihood_ : the fitted kernel and likelihood.
     inducing_points_ : ndarray [M, D]
         The fitted inducing inputs (model_.Z), also during a callback.
-    elbo_ : float
+    objective_ : float
         The ELBO: exact after L-BFGS-B; for the stochastic optimisers the mean of the
         minibatch estimates over the last epoch (or partial_fit call), with no extra pass
         over the data.
     history_ : list of float
-        The ELBO after every iteration (as for elbo_; of the fit kept, see ``restart_``).
+        The ELBO after every iteration (as for objective_; of the fit kept, see ``restart_``).
     restart_ : dict or None
         None unless a full-batch fit (optimizer 'lbfgs' or method 'mf') from the given kernel
         ended degenerate and a second one ran from the data-scaled start (see Notes):
         ``"reason"`` (the degeneracy: "isolated", "unreached", "constant" or "stalled"),
-        ``"start"`` (the second fit's starting kernel), ``"elbos"`` (the ELBO each reached, the
+        ``"start"`` (the second fit's starting kernel), ``"objectives"`` (the ELBO each reached, the
         first's first), ``"kept"`` ("given" or "data-scaled": the one with the higher ELBO,
         whose results the fitted attributes hold, and whose warnings alone pygpfast issues:
         not those of numpy, scipy, scikit-learn or the callback, shown as they occur, see
@@ -1140,7 +914,7 @@ _NOTES = """
 """
 
 
-class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
+class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
     __doc__ = (
         "Gaussian-process classifier with a sparse variational posterior (SVGP), binary or\n"
         "multi-class, with labels of any type.\n"
@@ -1277,10 +1051,6 @@ class SVGPClassifier(ClassifierMixin, _SVGPEstimator):
         return np.column_stack([self.likelihood_.predict_log_density(np.full(len(mean), float(c)),
                                                                      mean, var) for c in (0, 1)])
 
-    def predict(self, X):
-        """Most probable class [T]."""
-        proba = self.predict_proba(X)
-        return self.classes_[np.argmax(proba, axis=1)]
 
 
 class SVGPRegressor(RegressorMixin, _SVGPEstimator):
@@ -1296,7 +1066,7 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         scikit-learn's Poisson models take them.
     normalize_y : bool, default True
         Gaussian likelihood: fit to (y - mean) / std of the training targets (of the first
-        chunk for partial_fit); predictions are returned in the original units, while elbo_
+        chunk for partial_fit); predictions are returned in the original units, while objective_
         and history_ refer to the standardised targets.
 
     Attributes

@@ -26,8 +26,9 @@ import numpy as np
 from sklearn.base import is_classifier
 from sklearn.exceptions import ConvergenceWarning
 
-from .. import _core, _threads
-from ._optim import column_spread, lbfgs_problem
+from .. import _core
+from .._base._optimize import lbfgs
+from ._optim import column_spread
 from ..exceptions import warn_at_caller, warn_inducing_jitter
 from ..kernels import hyper_bounds
 
@@ -110,10 +111,6 @@ class MFFit:
     n_iter: int  #: L-BFGS-B iterations
 
 
-class _Stop(Exception):
-    pass
-
-
 def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_iter=5000, tol=1e-6,
         report=None):
     """Maximise the sparse mean-field bound over a, Z and the kernel parameters.
@@ -190,14 +187,13 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         return MFFit(a=state["a"].copy(), Z=Z.copy(), q_mu=q_mu, q_sqrt=q_sqrt,
                      bound=float(state["bound"]), n_iter=state["it"])
 
-    def callback(xk):
+    def on_iteration(_, x, __):
         state["it"] += 1
         now = time.perf_counter()
         rate = N / max(now - state["clock"], 1e-12)
         state["clock"] = now
-        set_x(xk)  # the accepted iterate, not the last line-search trial
-        if report is not None and report(state["it"], state["bound"], rate, current):
-            raise _Stop
+        set_x(x)  # the accepted iterate, not the last line-search trial
+        return report is not None and report(state["it"], state["bound"], rate, current)
 
     # Stage 2: Z and the kernel parameters at the optimal a.
     if train_Z or train_hyper:
@@ -209,17 +205,11 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
             x0.append(kernel.theta)
             bounds += list(zip(*hyper_bounds(kernel.theta)))
         x0 = np.concatenate(x0)
-        res = None
-        try:
-            res = _threads.minimize(
-                objective, x0, jac=True, method="L-BFGS-B", bounds=bounds, callback=callback,
-                options={"maxiter": max_iter, "ftol": tol, "gtol": 1e-8},
-            )
-            set_x(res.x)
-        except _Stop:
-            pass
+        res = lbfgs(objective, x0, bounds=bounds, max_iter=max_iter, ftol=tol, gtol=1e-8,
+                    on_iteration=on_iteration)
+        set_x(res.x)
         solve(False)  # a at the final Z and kernel
-        problem = None if res is None else lbfgs_problem(res, max_iter)
+        problem = res.problem
         if problem is not None:
             reason = (f"L-BFGS-B stopped after max_iter={max_iter} iterations; increase max_iter "
                       "for a tighter fit" if problem == "max_iter" else

@@ -31,7 +31,8 @@ import numpy as np
 import scipy.optimize
 from scipy.linalg import lapack
 
-from .. import _threads
+from .._base._optimize import lbfgs
+from .._validation import power_of_two_unit
 from ..exceptions import warn_at_caller
 from ..kernels import hyper_bounds
 from ..likelihoods import Gaussian, Poisson
@@ -54,14 +55,6 @@ def column_spread(Z):
     unit = power_of_two_unit(Z, axis=0)  # (np.std's squares overflow beyond ~1e154)
     spread = np.std(Z / unit, axis=0) * unit
     return np.where(spread > 0, spread, 1.0)
-
-
-def power_of_two_unit(a, axis=None):
-    """A power of two within a factor 2 below max |a| (over `axis`; 1 where that is 0). Data
-    divided by it has entries in [-2, 2], so sums of squares do not overflow, and dividing by
-    a power of two is exact."""
-    largest = np.maximum(np.max(a, axis=axis), -np.min(a, axis=axis))  # (no copy of a)
-    return np.where(largest > 0, np.ldexp(1.0, np.frexp(largest)[1] - 1), 1.0)
 
 
 class Packer:
@@ -525,21 +518,6 @@ def natural_gap(model, passes, n_total, max_halvings=3, min_step=1e-9):
         natgrad.restore(model, before)
 
 
-class _Stop(Exception):
-    pass
-
-
-def lbfgs_problem(res, max_iter):
-    """Why scipy's L-BFGS-B result ``res`` is not a converged fit: None when it converged,
-    "max_iter" when it ran out of iterations, else its own reason for giving up early (a failed
-    line search, e.g. on gradients spoiled by a near-singular K(Z, Z))."""
-    if res.success:
-        return None
-    if res.nit >= max_iter:
-        return "max_iter"
-    return f"L-BFGS-B stopped after {res.nit} iterations ({str(res.message).rstrip(': ')})"
-
-
 def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
     """Full-batch L-BFGS-B on the ELBO with the paper's schedule (seed 000 section 5: "freezing
     the kernel hyper parameters at the beginning of optimization and then unfreezing them once
@@ -582,24 +560,17 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
             state["elbo"] = value
             return -value / N, packer.grad(g, x) / -N
 
-        def callback(xk):
+        def on_iteration(_, x, __):
             state["it"] += 1
             now = time.perf_counter()
             rate = N / max(now - state["clock"], 1e-12)
             state["clock"] = now
-            packer.commit(xk)  # the accepted iterate, not the last line-search trial
-            if report(state["it"], state["elbo"], rate):
-                state["stopped"] = True
-                raise _Stop
+            packer.commit(x)  # the accepted iterate, not the last line-search trial
+            state["stopped"] = bool(report(state["it"], state["elbo"], rate))
+            return state["stopped"]
 
-        try:
-            res = _threads.minimize(
-                objective, packer.get(), jac=True, method="L-BFGS-B", callback=callback,
-                bounds=scipy.optimize.Bounds(packer.lower, packer.upper),
-                options={"maxiter": maxiter, "ftol": tol, "gtol": 1e-8},
-            )
-        except _Stop:
-            return None
+        res = lbfgs(objective, packer.get(), bounds=scipy.optimize.Bounds(packer.lower, packer.upper),
+                    max_iter=maxiter, ftol=tol, gtol=1e-8, on_iteration=on_iteration)
         packer.commit(res.x)
         return res
 
@@ -614,4 +585,4 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
                   max_iter if frozen else max(1, min(max_iter // 4, 100)))
     if not state["stopped"] and not frozen:
         res = run(Packer(model, train_Z=train_Z, train_hyper=train_hyper), max_iter)
-    return state["it"], None if res is None else lbfgs_problem(res, max_iter)
+    return state["it"], None if res is None else res.problem

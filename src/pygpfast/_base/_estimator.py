@@ -1,0 +1,164 @@
+"""The estimator base every family builds on: parameter checks, fitted state and its rollback,
+reporting (``verbose``, ``callback``, ``history_``) and the second search after a degenerate
+fit. The vocabulary it fixes is written down in GLOSSARY.md."""
+
+import copy
+import time
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
+
+from ..exceptions import HeldWarnings
+from . import _diagnose, _start
+from ._params import KernelParams, callback_says_stop, check_params
+
+
+class GPEstimator(KernelParams, BaseEstimator):
+    """Base of every pygpfast estimator.
+
+    A family sets ``_parameter_constraints`` (:data:`pygpfast._base._params.COMMON` and its
+    own), ``_FITTED`` (the attribute whose presence means fitted) and ``_OBJECTIVE`` (how
+    ``verbose`` names the objective: "ELBO", "bound", ...), and may override
+    :meth:`_target_scale` (the latent scale the default kernel's variance starts at).
+
+    Fitted attributes every estimator has: ``objective_`` (the value the fit maximised),
+    ``history_`` (ndarray [n_iter_], the objective after each iteration), ``n_iter_``,
+    ``kernel_`` (the fitted kernel: a copy, never the ``kernel`` parameter itself) and
+    ``restart_`` (the second search, or None).
+    """
+
+    _parameter_constraints = {}
+    _FITTED = "objective_"
+    _OBJECTIVE = "objective"
+
+    def _target_scale(self):
+        return 1.0
+
+    def __sklearn_is_fitted__(self):
+        # (a failed fit removes the marker but may leave other attributes, which scikit-learn's
+        # check_is_fitted would take for a fit)
+        return hasattr(self, self._FITTED)
+
+    def _check_params(self):
+        check_params(self, self._parameter_constraints)
+
+    # ------------------------------------------------------------------ fitted state
+    def _fitted_state(self):
+        """The attributes that fitting sets: all but the parameters."""
+        params = self._get_param_names()
+        return {name: value for name, value in vars(self).items() if name not in params}
+
+    def _restore_state(self, state):
+        """Replace the fitted attributes by `state` (from :meth:`_fitted_state`)."""
+        for name in self._fitted_state():
+            delattr(self, name)
+        vars(self).update(state)
+
+    def _forget(self):
+        """Unfit: a fit that fails leaves no mix of the previous fit and this one."""
+        if hasattr(self, self._FITTED):
+            delattr(self, self._FITTED)
+
+    # ------------------------------------------------------------------ reporting
+    def _start_reporting(self, history=()):
+        """A new search: history_ restarts (or continues from `history`), the clock too."""
+        self._history = list(history)
+        self.history_ = np.array(self._history, dtype=np.float64)
+        self._clock = time.perf_counter()
+        self._callback_stopped = False
+
+    def _report(self, iteration, objective, detail="", before_callback=None):
+        """After each iteration: records the objective in history_, prints it every ``verbose``
+        iterations, and calls ``callback(self, iteration, objective)`` (after
+        ``before_callback()``, which sets the fitted attributes at the current iterate for it).
+        Returns whether the callback asked to stop."""
+        self.n_iter_, self.objective_ = iteration, float(objective)
+        self._history.append(float(objective))
+        if self.verbose and iteration % self.verbose == 0:
+            detail = f"  {detail}" if detail else ""
+            print(f"[{type(self).__name__}] iter {iteration:5d}  {self._OBJECTIVE} "
+                  f"{objective: .6e}{detail}  {time.perf_counter() - self._clock:.1f} s",
+                  flush=True)
+        if self.callback is None:
+            return False
+        if before_callback is not None:
+            before_callback()
+        self.history_ = np.array(self._history)
+        stop = callback_says_stop(self.callback(self, iteration, float(objective)))
+        self._callback_stopped = self._callback_stopped or stop
+        return stop
+
+    def _end_reporting(self):
+        """history_ as the ndarray of the search kept; the running list goes."""
+        if hasattr(self, "_history"):
+            self.history_ = np.array(self._history, dtype=np.float64)
+            del self._history
+
+    # ------------------------------------------------------------------ searches
+    def _diagnose(self, sample, start, searched):
+        """The fitted kernel_'s degeneracy on `sample` (a Degeneracy, or None); see
+        :func:`pygpfast._base._diagnose.diagnose`."""
+        return _diagnose.diagnose(self.kernel_, sample, start=start, scale=self._target_scale(),
+                                  who=type(self).__name__, searched=searched,
+                                  fixed=not self.optimize_hyperparameters,
+                                  Z=getattr(self, "inducing_points_", None))
+
+    def _search_twice(self, search, X, start, random_state, *, may_search_again):
+        """Run ``search(None)`` (the first search, from `start`), and when it ends degenerate and
+        `may_search_again`, ``search(kernel)`` from the data-scaled start
+        (:func:`pygpfast._base._start.second_start`); keep whichever reaches the higher
+        objective_, with pygpfast's warnings of that search only, and record both in restart_.
+
+        ``search(kernel)`` runs one search and sets the fitted attributes (objective_, kernel_,
+        ...); it returns whether the callback stopped it (a stopped search is not repeated).
+        Returns the kept fit's Degeneracy (None when healthy, or when both searches ended at a
+        constant latent function: labels without signal), for the family to warn about.
+        """
+        sample = _start.diagnosis_sample(X)
+        self.restart_ = None
+        with HeldWarnings(may_search_again) as held:
+            stopped = search(None)
+        found = self._diagnose(sample, start, self.optimize_hyperparameters)
+        if found is not None and may_search_again and not stopped:
+            scale = self._target_scale()
+            scaled = _start.second_start(start, X, random_state, scale)
+            if scaled is not None:
+                first = self._fitted_state()
+                if self.verbose:
+                    print(f"[{type(self).__name__}] the search ended degenerate ({found.kind}); "
+                          f"searching again from {scaled!r}", flush=True)
+                with HeldWarnings() as held_second:
+                    search(copy.deepcopy(scaled))
+                second = self._fitted_state()
+                kept = "data-scaled" if self.objective_ >= first["objective_"] else "given"
+                both_constant = _start.both_constant(first["kernel_"], self.kernel_, scaled,
+                                                     sample, scale)
+                if kept == "given":
+                    self._restore_state(first)
+                else:
+                    held, start = held_second, scaled
+                self._combine_searches(first, second)
+                self.restart_ = {"reason": found.kind, "start": copy.deepcopy(scaled),
+                                 "kept": kept,
+                                 "objectives": (float(first["objective_"]),
+                                                float(second["objective_"])),
+                                 "both_constant": both_constant}
+                found = self._diagnose(sample, start, True)
+                if found is not None and both_constant:
+                    found = None  # (both starts agree: the data show no signal)
+        held.release()
+        return found
+
+    def _combine_searches(self, first, second):
+        """After a second search, with the kept one's state in place: counters that add up
+        over both searches (a family's hook)."""
+
+
+class GPClassifierMixin:
+    """predict from predict_proba, for the classifiers of every family."""
+
+    def predict(self, X):
+        """Most probable class [T] for X [T, D]."""
+        check_is_fitted(self)
+        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]

@@ -1,0 +1,152 @@
+"""Where a fit starts: the default kernel, k-means inducing inputs, and the data-scaled start of
+the second search that every estimator runs after a degenerate first one (see
+:mod:`pygpfast._base._diagnose`)."""
+
+import copy
+import numbers
+import threading
+
+import numpy as np
+from sklearn.cluster import KMeans
+from sklearn.utils.random import sample_without_replacement
+from threadpoolctl import threadpool_limits
+
+from .. import kernels as _kernels
+from .._threads import get_num_threads, one_blas_thread
+from .._validation import power_of_two_unit
+from . import _diagnose
+
+#: Held around the k-means of init_inducing. scikit-learn's KMeans limits the BLAS to one
+#: thread while it runs (threadpoolctl: it reads the process-wide count on entry and sets it
+#: back on exit), and two such limits that overlap in threads restore in the wrong order: SVGP
+#: fits in threads (GridSearchCV with the threading backend) left numpy's and scipy's BLAS on
+#: one thread for the rest of the process. (It runs in a one_blas_thread scope too, so that its
+#: limit does not interleave with the core's scopes on scipy's BLAS either.)
+KMEANS_LOCK = threading.Lock()
+
+
+def init_inducing(X, M, random_state):
+    """M inducing inputs [M, D]: k-means centres (k-means++ start, at most 30 Lloyd
+    iterations) of a random subsample of max(10 M, 10000) rows of X, read at once, so the cost
+    does not grow with N (about 0.1 s for M = 100 on one core) and memory-mapped data is
+    touched only there. The k-means threads follow pygpfast.set_num_threads, but a clustering
+    of under ~1e9 flops (n_sub M D per iteration times 30) runs on one thread: on a shared
+    machine its many short parallel regions each wait for a paused thread (measured under
+    load: 1.4 s on two threads against 0.36 s on one)."""
+    N = X.shape[0]
+    if M >= N:
+        return np.array(X, dtype=np.float64, order="C")
+    n_sub = min(N, max(10 * M, 10000))
+    idx = np.sort(sample_without_replacement(N, n_sub, random_state=random_state))
+    sub = np.asarray(X[idx], dtype=np.float64)
+    # (In units of a power of two: k-means' squared distances overflow for inputs beyond
+    # ~1e154, and the scaling is exact, so the centres are otherwise bitwise the same.)
+    scale = float(power_of_two_unit(sub))
+    km = KMeans(n_clusters=M, n_init=1, max_iter=30, random_state=random_state.randint(2**31 - 1))
+    threads = 1 if 30.0 * 3 * n_sub * M * sub.shape[1] < 1e9 else get_num_threads()
+    with KMEANS_LOCK, one_blas_thread(), threadpool_limits(limits=threads, user_api="openmp"):
+        km.fit(np.divide(sub, scale, out=sub))  # (sub is a copy already)
+    return np.ascontiguousarray(km.cluster_centers_ * scale)
+
+
+def same_param(a, b):
+    """Whether parameter values a and b are the same: equal numbers or strings, else the same
+    object (a kernel, an array)."""
+    plain = (numbers.Number, str, type(None))
+    return a is b or (isinstance(a, plain) and isinstance(b, plain) and a == b)
+
+
+def default_kernel(X, random_state, variance=1.0):
+    """RBF with ARD lengthscales set by the median-distance heuristic per input dimension
+    (median |x_d - x'_d| over 1000 x 200 pairs of a subsample, times sqrt(D))."""
+    N, D = X.shape
+    idx = np.sort(sample_without_replacement(N, min(N, 1000), random_state=random_state))
+    sub = np.asarray(X[idx], dtype=np.float64)
+    spread = np.array([np.median(np.abs(sub[:, None, d] - sub[None, :200, d])) for d in range(D)])
+    spread = np.where(spread > 0, spread, 1.0)
+    return _kernels.RBF(variance=variance, lengthscale=spread * np.sqrt(D))
+
+
+def diagnosis_sample(X, max_rows=2000):
+    """At most `max_rows` evenly spaced rows of X (float64), read at once (a memory-mapped X is
+    touched only there), for kernels.diagnose."""
+    return np.ascontiguousarray(X[_diagnose._query_rows(X.shape[0], max_rows)], dtype=np.float64)
+
+
+def data_scaled_kernel(kernel, X, random_state, variance=1.0):
+    """A copy of `kernel` started where the default kernel starts (:func:`default_kernel`):
+    each stationary leaf with the median-distance lengthscales (their geometric mean for an
+    isotropic one) and the variance `variance` (1 for all but the first stationary leaf of a
+    product, whose variances multiply); the other leaves (Linear, Constant, White) as they are.
+    None when `kernel` has no stationary leaf. The start of the estimators' second search after
+    a first one from `kernel` ended degenerate (kernels.diagnose)."""
+    if not has_stationary_leaf(kernel):
+        return None
+    reference = default_kernel(X, random_state, variance).lengthscale
+    scaled = copy.deepcopy(kernel)
+
+    def assign(k, var):
+        if isinstance(k, _kernels._Stationary):
+            k.lengthscale = (reference if np.ndim(k.lengthscale)
+                             else float(np.exp(np.mean(np.log(reference)))))
+            k.variance = var
+            return True
+        if isinstance(k, _kernels.Product):
+            seen = False
+            for term in k.kernels:
+                seen = assign(term, 1.0 if seen else var) or seen
+            return seen
+        if isinstance(k, _kernels.Sum):
+            return any([assign(term, var) for term in k.kernels])
+        return False
+
+    assign(scaled, variance)
+    return scaled
+
+
+def has_stationary_leaf(kernel):
+    """Whether `kernel` has a stationary leaf, whose lengthscales and variance a second search
+    can start from the data's scale (:func:`data_scaled_kernel`)."""
+    return any(isinstance(leaf, _kernels._Stationary) for leaf in _kernels._leaves(kernel))
+
+
+def second_start(start, X, random_state, variance=1.0):
+    """The start of the estimators' second search after the first, from `start`, ended
+    degenerate: the data-scaled kernel (:func:`data_scaled_kernel`), or, where that is
+    `start` itself (kernel=None), the same with lengthscales e^2 longer: a smoother prior, from
+    which the search reaches short lengthscales from above. (From the median-distance start,
+    L-BFGS-B's first steps can land in a memorising optimum at the short end: Poisson counts
+    around e^5 on 50 rows, where starts at a quarter to ten times that lengthscale all find
+    the smooth optimum.) None when `start` has no stationary leaf."""
+    scaled = data_scaled_kernel(start, X, random_state, variance)
+    if scaled is not None and np.allclose(scaled.theta, start.theta, rtol=0, atol=0.1):
+        for leaf in _kernels._leaves(scaled):
+            if isinstance(leaf, _kernels._Stationary):
+                leaf.lengthscale = np.exp(2.0) * leaf.lengthscale
+    return scaled
+
+
+def both_constant(first, second, scaled, X, scale):
+    """restart_["both_constant"]: whether the searches from the given start and from the
+    data-scaled one, `scaled`, ended at kernels (`first`, `second`) whose latent functions are
+    constant on the rows of X (:func:`kernels.latent_is_constant`, latent scale `scale`), and
+    `scaled` is not flat there. Such agreement is the data's verdict (labels without signal);
+    a data-scaled start that a factor without lengthscales keeps flat (Linear(variance=1e-8) in
+    a product) stalls as the first did, and agrees with it by that alone."""
+    return (_diagnose.prior_spread(scaled, X) >= _diagnose.STALLED_SPREAD * scale
+            and all(_diagnose.latent_is_constant(k, X, scale) for k in (first, second)))
+
+
+def second_search_clause(restart, objective):
+    """What a degenerate fit's warning adds about the second search recorded in `restart`
+    (restart_; `objective` names the objective in the text, "bound" or "ELBO"): "" when there
+    was none."""
+    if restart is None:
+        return ""
+    first, second = restart["objectives"]
+    return ("; a second search, from a kernel variance and lengthscales set by the data's "
+            "scale, "
+            + (f"reached a lower {objective} ({second:.6g} against {first:.6g})"
+               if restart["kept"] == "given" else
+               f"was kept for its higher {objective} ({second:.6g} against {first:.6g}), and "
+               f"is degenerate too"))
