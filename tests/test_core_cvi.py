@@ -70,7 +70,7 @@ def test_poisson_local_bound_is_the_exact_expectation():
 
 
 def test_multinomial_local_bound_formula_and_bound_property():
-    lb = cvi.LocalBound("multinomial", num_classes=3)
+    lb = cvi.LocalBound("multinomial", n_classes=3)
     m = np.array([[0.5, -1.0], [0.0, 2.0], [-0.3, 0.1]])  # [L, N]
     v = np.array([[0.4, 1.5], [0.2, 0.3], [1.0, 0.05]])
     y = np.array([2.0, 1.0])
@@ -94,7 +94,7 @@ def test_multinomial_local_bound_formula_and_bound_property():
 
 def test_stick_breaking_local_bound_sums_piecewise_terms():
     C = 4
-    lb = cvi.LocalBound("stick-breaking", num_classes=C)
+    lb = cvi.LocalBound("stick-breaking", n_classes=C)
     rng = np.random.default_rng(1)
     N = 8
     m = rng.normal(size=(C - 1, N)) * 2
@@ -116,7 +116,7 @@ def test_stick_breaking_local_bound_sums_piecewise_terms():
 
 def test_ordinal_local_bound_and_bound_property():
     phi = np.array([-1.0, 0.5, 2.0])
-    lb = cvi.LocalBound("ordinal", num_classes=4, thresholds=phi)
+    lb = cvi.LocalBound("ordinal", n_classes=4, thresholds=phi)
     m = np.array([-0.5, 0.2, 1.0, 3.0, 0.0, -2.0])
     v = np.array([0.3, 1.0, 0.1, 0.6, 2.0, 0.5])
     y = np.array([0.0, 1.0, 2.0, 3.0, 3.0, 1.0])
@@ -141,9 +141,9 @@ def test_ordinal_local_bound_and_bound_property():
 @pytest.mark.parametrize("kind", ["logit", "poisson", "multinomial", "stick-breaking", "ordinal"])
 def test_local_bound_derivatives_match_finite_differences(kind, rng):
     C = 4
-    lb = cvi.LocalBound(kind, num_classes=C if kind not in ("logit", "poisson") else 0,
+    lb = cvi.LocalBound(kind, n_classes=C if kind not in ("logit", "poisson") else 0,
                         thresholds=[-1.0, 0.2, 1.5] if kind == "ordinal" else None)
-    N, L = 12, lb.num_latent
+    N, L = 12, lb.n_latent
     m = rng.normal(size=(L, N)) * 2
     v = rng.uniform(0.1, 3.0, size=(L, N))
     if kind == "logit":
@@ -169,8 +169,8 @@ def test_local_bound_derivatives_match_finite_differences(kind, rng):
             up, down = phi.copy(), phi.copy()
             up[k] += h
             down[k] -= h
-            f_up = cvi.LocalBound("ordinal", num_classes=C, thresholds=up)(y, m, v)[0].sum()
-            f_dn = cvi.LocalBound("ordinal", num_classes=C, thresholds=down)(y, m, v)[0].sum()
+            f_up = cvi.LocalBound("ordinal", n_classes=C, thresholds=up)(y, m, v)[0].sum()
+            f_dn = cvi.LocalBound("ordinal", n_classes=C, thresholds=down)(y, m, v)[0].sum()
             assert dphi[k] == pytest.approx((f_up - f_dn) / (2 * h), rel=1e-6)
 
 
@@ -189,13 +189,13 @@ def _problem(kind="logit", N=50, seed=0, variance=2.0, lengthscale=1.0):
         lb = cvi.LocalBound("poisson")
     elif kind == "multinomial":
         y = np.digitize(f, [-0.5, 0.8]).astype(float)
-        lb = cvi.LocalBound("multinomial", num_classes=3)
+        lb = cvi.LocalBound("multinomial", n_classes=3)
     elif kind == "stick-breaking":
         y = np.digitize(f, [-0.5, 0.8]).astype(float)
-        lb = cvi.LocalBound("stick-breaking", num_classes=3)
+        lb = cvi.LocalBound("stick-breaking", n_classes=3)
     else:
         y = np.digitize(f + 0.3 * rng.standard_normal(N), [-0.5, 0.8]).astype(float)
-        lb = cvi.LocalBound("ordinal", num_classes=3, thresholds=[-0.4, 0.9])
+        lb = cvi.LocalBound("ordinal", n_classes=3, thresholds=[-0.4, 0.9])
     return X, y, kernel, lb
 
 
@@ -221,7 +221,7 @@ def dense_bound(Sigma, y, lb, alpha, lam, mean=None):
 def test_fixed_point_solution_satisfies_eqs_7_and_8(kind):
     X, y, kernel, lb = _problem(kind)
     Sigma = kernel(X)
-    mean = np.full(lb.num_latent, 0.3)
+    mean = np.full(lb.n_latent, 0.3)
     r = cvi.infer(Sigma, y, lb, mean=mean, tol=0.0, max_iter=60, return_V=True)
     bound, m, V = dense_bound(Sigma, y, lb, r.alpha, r.lambda_, mean)
     assert r.bound == pytest.approx(bound, rel=1e-11)
@@ -275,7 +275,7 @@ def test_poisson_labels_outside_the_support_are_named(bad):
 def test_opper_archambeau_objective_and_gradients(kind, rng):
     X, y, kernel, lb = _problem(kind, N=30)
     Sigma = kernel(X)
-    L, N = lb.num_latent, len(y)
+    L, N = lb.n_latent, len(y)
     alpha = rng.normal(size=(L, N)) * 0.3
     lam = rng.uniform(0.05, 1.0, size=(L, N))
     mean = rng.normal(size=L)
@@ -541,7 +541,7 @@ def test_warm_start_reaches_the_same_optimum():
 def test_hyperparameter_gradients_match_finite_differences(kind):
     X, y, kernel, lb = _problem(kind, N=40)
     codes, params = kernel._spec(X.shape[1])
-    L, N = lb.num_latent, len(y)
+    L, N = lb.n_latent, len(y)
     mean = np.full(L, 0.2)
 
     def bound(params, mean, lb):
@@ -571,8 +571,8 @@ def test_hyperparameter_gradients_match_finite_differences(kind):
             up, down = lb.thresholds.copy(), lb.thresholds.copy()
             up[k] += h
             down[k] -= h
-            lbu = cvi.LocalBound("ordinal", num_classes=3, thresholds=up)
-            lbd = cvi.LocalBound("ordinal", num_classes=3, thresholds=down)
+            lbu = cvi.LocalBound("ordinal", n_classes=3, thresholds=up)
+            lbd = cvi.LocalBound("ordinal", n_classes=3, thresholds=down)
             fd = (bound(params, mean, lbu)[0] - bound(params, mean, lbd)[0]) / (2 * h)
             assert dphi[k] == pytest.approx(fd, rel=2e-5, abs=1e-6)
 
@@ -643,7 +643,7 @@ def test_errors_are_clear():
     with pytest.raises(ValueError, match="outside the support"):
         cvi.infer(Sigma, np.full(10, 2.0), lb)
     with pytest.raises(ValueError, match="class indices"):
-        cvi.infer(Sigma, np.full(10, 3.0), cvi.LocalBound("multinomial", num_classes=3))
+        cvi.infer(Sigma, np.full(10, 3.0), cvi.LocalBound("multinomial", n_classes=3))
     with pytest.raises(ValueError, match="non-finite"):
         bad = Sigma.copy()
         bad[3, 2] = np.nan
@@ -653,7 +653,7 @@ def test_errors_are_clear():
     with pytest.raises(LinAlgError, match="positive-definite"):
         cvi.infer(Sigma, y, lb, lambda_=np.full((1, 10), -1e3))
     with pytest.raises(ValueError, match="strictly increasing"):
-        cvi.LocalBound("ordinal", num_classes=3, thresholds=[1.0, 0.0])
+        cvi.LocalBound("ordinal", n_classes=3, thresholds=[1.0, 0.0])
     with pytest.raises(ValueError, match="lambda >= 0"):
         cvi.oa_objective(Sigma, y, lb, np.zeros((1, 10)), np.full((1, 10), -0.5))
     with pytest.raises(ValueError, match="method"):
@@ -668,7 +668,7 @@ def test_guards_keep_the_bound_monotone_where_plain_sweeps_would_lower_it():
     X = np.array([[-0.1364], [0.325], [-0.1555], [0.268]])
     kernel = RBF(variance=33.0, lengthscale=0.76) + White(3.3e-5)
     y = np.array([2.0, 1.0, 2.0, 2.0])
-    lb = cvi.LocalBound("multinomial", num_classes=3)
+    lb = cvi.LocalBound("multinomial", n_classes=3)
     Sigma = kernel(X)
     r = cvi.infer(Sigma, y, lb, tol=1e-13, coupled_means=False)
     assert r.converged and r.info["damped_sweeps"] > 0
@@ -763,7 +763,7 @@ def test_multinomial_means_handed_to_the_sweep_still_reach_the_optimum(variance)
     P = np.exp(F) / np.exp(F).sum(1, keepdims=True)
     y = np.array([rng.choice(C, p=p) for p in P], dtype=float)
     Sigma = RBF(variance=variance, lengthscale=1.0)(X) + 1e-6 * np.eye(N)
-    lb = cvi.LocalBound("multinomial", num_classes=C)
+    lb = cvi.LocalBound("multinomial", n_classes=C)
     r = cvi.infer(Sigma, y, lb, tol=1e-9)
     ref = cvi.infer(Sigma, y, lb, tol=1e-15, max_iter=5000)
     assert r.converged
@@ -790,7 +790,7 @@ def test_multinomial_iteration_with_handed_over_means_does_not_end_the_run():
     y = np.argmax(X @ W + rng.gumbel(size=(N, C)), 1).astype(float)
     assert (N, C) == (200, 3)
     Sigma = RBF(variance=10.0, lengthscale=3.0)(X) + 1e-5 * np.eye(N)
-    lb = cvi.LocalBound("multinomial", num_classes=C)
+    lb = cvi.LocalBound("multinomial", n_classes=C)
     start = np.ones((C, N))
     r = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-4)
     ref = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-14, max_iter=2000)
@@ -809,7 +809,7 @@ def test_multinomial_sites_are_solved_whatever_skip_tol():
     X = rng.standard_normal((N, 1))
     y = np.digitize(X[:, 0], [-0.5, 0.5]).astype(float)
     Sigma = RBF(variance=1e4, lengthscale=5.0)(X) + 1e-2 * np.eye(N)
-    lb = cvi.LocalBound("multinomial", num_classes=3)
+    lb = cvi.LocalBound("multinomial", n_classes=3)
     start = np.ones((3, N))
     skipping = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-8, skip_tol=1e-4)
     exact = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-8)
@@ -844,8 +844,8 @@ def test_a_warm_start_reported_converged_carries_the_bound_at_its_result(
     else:
         y = np.digitize(z, np.linspace(-1, 1, classes - 1)).astype(float)
     Sigma = RBF(variance=variance, lengthscale=lengthscale)(X) + 1e-6 * variance * np.eye(N)
-    lb = cvi.LocalBound(likelihood, num_classes=classes)
-    L = lb.num_latent
+    lb = cvi.LocalBound(likelihood, n_classes=classes)
+    L = lb.n_latent
     warm = cvi.infer(Sigma, y, lb, lambda_=np.full((L, N), lambda0), tol=1e-10)
     if warm.converged:
         at_result = cvi.oa_objective(Sigma, y, lb, warm.alpha, np.maximum(warm.lambda_, 0.0))[0]

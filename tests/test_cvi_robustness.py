@@ -317,7 +317,7 @@ def test_building_block_arguments_are_checked(rng):
     with pytest.raises(ValueError, match="local_bound must be a LocalBound"):
         cvi.oa_objective(K, y, "logit", zeros, zeros)
     with pytest.raises(ValueError, match="thresholds must have 2 entries"):
-        cvi.LocalBound("ordinal", num_classes=3, thresholds=[[-1.0, 1.0]])
+        cvi.LocalBound("ordinal", n_classes=3, thresholds=[[-1.0, 1.0]])
     with pytest.raises(ValueError, match="max_iter"):
         cvi.infer(K, y, lb, max_iter=1.5)
     with pytest.raises(ValueError, match="max_iter"):

@@ -479,16 +479,16 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"var\[1, 2\] = -1: marginal variances must be finite and >= 0"):
         lik.variational_expectations(y, mu, np.array([[1.0, 1, 1], [1, 1, -1]]))
     for args in ((1,), (2.5,), (True,), (3, 0), (3, 101), (3, 2.0)):
-        with pytest.raises(ValueError, match="num_classes|n_gh"):
+        with pytest.raises(ValueError, match="n_classes|n_gh"):
             Softmax(*args)
 
 
 def test_attributes_repr_pickle():
     lik = Softmax(4, n_gh=12)
-    assert lik.num_classes == lik.latent_dim == 4 and lik.n_gh == 12
+    assert lik.n_classes == lik.n_latent == 4 and lik.n_gh == 12
     assert lik.n_params == 0 and lik.params.shape == (0,)
-    assert repr(lik) == "Softmax(num_classes=4, n_gh=12)"
-    assert Bernoulli().latent_dim == 1
+    assert repr(lik) == "Softmax(n_classes=4, n_gh=12)"
+    assert Bernoulli().n_latent == 1
     assert "Softmax" in pygpfast.likelihoods.__all__
     mu, var, y = np.array([[0.1, 0.2, -0.3, 1.0]]), np.array([[0.5, 0.1, 0.2, 0.0]]), np.array([3.0])
     for other in (pickle.loads(pickle.dumps(lik)), copy.deepcopy(lik)):

@@ -44,8 +44,8 @@ def ref_marginals(kernel, Z, q_mu, q_sqrt, whiten, X, jitter):
 
 def core_elbo(kernel, lik, Z, q_mu, q_sqrt, whiten, X, y, scale, jitter=1e-6, with_grad=True):
     codes, params = kernel._spec(Z.shape[1])
-    kind, variance, n_gh, num_classes = lik._core_args()
-    return _core.svgp.elbo(codes, params, kind, variance, n_gh, num_classes, Z, q_mu, q_sqrt, whiten, X,
+    kind, variance, n_gh, n_classes = lik._core_args()
+    return _core.svgp.elbo(codes, params, kind, variance, n_gh, n_classes, Z, q_mu, q_sqrt, whiten, X,
                            y, scale, jitter, with_grad)
 
 
@@ -90,13 +90,13 @@ def test_multi_latent_gradients_match_finite_differences(rng, whiten):
             np.testing.assert_allclose(analytic[idx], fd, rtol=2e-5, atol=2e-6, err_msg=f"{name}{idx}")
     # Kernel parameters (positive), through the kernel's own parameter vector.
     codes, params = kernel._spec(Z.shape[1])
-    kind, variance, n_gh, num_classes = lik._core_args()
+    kind, variance, n_gh, n_classes = lik._core_args()
     for p in range(params.size):
         vals = []
         for sign in (1, -1):
             pp = params.copy()
             pp[p] += sign * eps
-            vals.append(_core.svgp.elbo(codes, pp, kind, variance, n_gh, num_classes, Z, q_mu, q_sqrt, whiten,
+            vals.append(_core.svgp.elbo(codes, pp, kind, variance, n_gh, n_classes, Z, q_mu, q_sqrt, whiten,
                                         X, y, 3.0, 1e-6, False)[0])
         np.testing.assert_allclose(d_kern[p], (vals[0] - vals[1]) / (2 * eps), rtol=2e-5, atol=2e-6)
 

@@ -128,5 +128,5 @@ def test_binary_softmax_is_accepted(rng):
     X, y = three_class(rng, 200)
     keep = y != "blue"
     clf = SVGPClassifier(likelihood=likelihoods.Softmax(2), n_inducing=8, random_state=0).fit(X[keep], y[keep])
-    assert clf.model_.num_latent == 2 and clf.predict_proba(X[keep]).shape == (keep.sum(), 2)
+    assert clf.model_.n_latent == 2 and clf.predict_proba(X[keep]).shape == (keep.sum(), 2)
     assert clf.score(X[keep], y[keep]) > 0.85

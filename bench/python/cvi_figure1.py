@@ -47,7 +47,7 @@ OPTIMUM_RTOL = 1e-6
 
 
 def flops_per_eval(lb):
-    return 20.0 * lb.num_classes if lb.likelihood == "multinomial" else 60.0 * PIECES
+    return 20.0 * lb.n_classes if lb.likelihood == "multinomial" else 60.0 * PIECES
 
 
 def load(name, glass_likelihood):
@@ -58,7 +58,7 @@ def load(name, glass_likelihood):
         lb = cvi.LocalBound("logit", n_pieces=PIECES)
     else:
         y = y.astype(np.float64)
-        lb = cvi.LocalBound(glass_likelihood, n_pieces=PIECES, num_classes=6)
+        lb = cvi.LocalBound(glass_likelihood, n_pieces=PIECES, n_classes=6)
     idx = np.random.RandomState(0).permutation(len(y))
     tr = idx[: int(0.8 * len(y))]
     Xtr = X[tr][:, X[tr].std(0) > 0]

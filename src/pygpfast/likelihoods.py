@@ -59,7 +59,7 @@ class Likelihood:
 
     Subclasses name their positive parameters in ``param_names`` (stored as attributes of the
     same names) and give the compiled core their description in ``_core_args``. The latent
-    values of N points are [N] arrays when ``latent_dim`` is 1 and [N, latent_dim] arrays
+    values of N points are [N] arrays when ``n_latent`` is 1 and [N, n_latent] arrays
     otherwise (one column per latent function).
 
     Attributes
@@ -71,12 +71,12 @@ class Likelihood:
     param_names = ()
 
     @property
-    def latent_dim(self):
+    def n_latent(self):
         """Number of latent functions per point (int): 1 here, C for :class:`Softmax`."""
         return 1
 
     def _core_args(self):
-        """(kind, variance, n_gh, num_classes) for the core's functions (num_classes is 0 for
+        """(kind, variance, n_gh, n_classes) for the core's functions (n_classes is 0 for
         the likelihoods of one latent function)."""
         raise NotImplementedError
 
@@ -129,7 +129,7 @@ class Likelihood:
         ----------
         y : array_like [N]
             Observations, in the likelihood's support.
-        mu, var : array_like [N] (or [N, latent_dim] when ``latent_dim > 1``)
+        mu, var : array_like [N] (or [N, n_latent] when ``n_latent > 1``)
             Means and variances (>= 0) of the marginals q(f_n) = N(mu_n, var_n) (independent
             across latent functions).
         return_param_grad : bool, default False
@@ -166,7 +166,7 @@ class Likelihood:
 
         Parameters
         ----------
-        mu, var : array_like [N] (or [N, latent_dim])
+        mu, var : array_like [N] (or [N, n_latent])
             Means and variances (>= 0) of the latent functions' marginals.
 
         Returns
@@ -184,7 +184,7 @@ class Likelihood:
         ----------
         y : array_like [N]
             Observations, in the likelihood's support.
-        mu, var : array_like [N] (or [N, latent_dim])
+        mu, var : array_like [N] (or [N, n_latent])
             Means and variances (>= 0) of the latent functions' marginals.
 
         Returns
@@ -280,7 +280,7 @@ class Poisson(Likelihood):
 class Softmax(Likelihood):
     """Multi-class labels y in {0, ..., C - 1}, ``p(y = c | f) = exp(f_c) / sum_d exp(f_d)``.
 
-    One latent function per class (``latent_dim = num_classes``); the marginals of the C
+    One latent function per class (``n_latent = n_classes``); the marginals of the C
     latent values of a point are independent, ``f_c ~ N(mu_c, var_c)`` (as for C latent GPs with
     independent q(u_c) sharing inducing inputs). No parameters.
 
@@ -315,34 +315,34 @@ class Softmax(Likelihood):
 
     Parameters
     ----------
-    num_classes : int
+    n_classes : int
         Number of classes C (at least 2).
     n_gh : int, default 20
         Gauss-Hermite points per class (1 to 100).
     """
 
-    def __init__(self, num_classes, n_gh=20):
+    def __init__(self, n_classes, n_gh=20):
         if (
-            not isinstance(num_classes, numbers.Integral)
-            or isinstance(num_classes, bool)
-            or num_classes < 2
+            not isinstance(n_classes, numbers.Integral)
+            or isinstance(n_classes, bool)
+            or n_classes < 2
         ):
-            raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
-        self.num_classes = int(num_classes)
+            raise ValueError(f"n_classes must be an int >= 2, got {n_classes!r}")
+        self.n_classes = int(n_classes)
         self.n_gh = _check_n_gh(n_gh)
 
     @property
-    def latent_dim(self):
-        """Number of latent functions per point: ``num_classes``."""
-        return self.num_classes
+    def n_latent(self):
+        """Number of latent functions per point: ``n_classes``."""
+        return self.n_classes
 
     def _core_args(self):
-        return (_SOFTMAX, 1.0, self.n_gh, self.num_classes)
+        return (_SOFTMAX, 1.0, self.n_gh, self.n_classes)
 
     def _points(self, mu, var, y=None):
-        shape = f"[N, {self.num_classes}] (one column per class)"
+        shape = f"[N, {self.n_classes}] (one column per class)"
         mu = as_matrix(mu, "mu")
-        if mu.shape[1] != self.num_classes:
+        if mu.shape[1] != self.n_classes:
             raise ValueError(f"mu must have shape {shape}, got {mu.shape}")
         var = as_matrix(var, "var")
         if var.shape != mu.shape:
@@ -385,4 +385,4 @@ class Softmax(Likelihood):
         return _core.likelihoods.predict_log_class_probabilities(*self._core_args(), mu, var)
 
     def _repr_args(self):
-        return {"num_classes": self.num_classes, "n_gh": self.n_gh}
+        return {"n_classes": self.n_classes, "n_gh": self.n_gh}

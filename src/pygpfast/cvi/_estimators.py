@@ -101,13 +101,13 @@ class LocalBound:
         Kind of the piecewise bound on log(1 + e^x) (logit, stick-breaking, ordinal).
     n_pieces : int
         Its number of pieces R (3 to 20).
-    num_classes : int
+    n_classes : int
         C (multinomial, stick-breaking) or K (ordinal); ignored otherwise.
     thresholds : array_like [K - 1], optional
         Ordinal cut points phi (strictly increasing); default evenly spaced on [-1, 1].
     """
 
-    def __init__(self, likelihood, *, bound="quadratic", n_pieces=20, num_classes=0,
+    def __init__(self, likelihood, *, bound="quadratic", n_pieces=20, n_classes=0,
                  thresholds=None):
         if not isinstance(likelihood, str) or likelihood not in _KINDS:
             raise ValueError(f"likelihood must be one of {tuple(_KINDS)}, got {likelihood!r}")
@@ -119,18 +119,18 @@ class LocalBound:
         self.llp = llp_bound(n_pieces, bound)
         multi = likelihood in ("multinomial", "stick-breaking", "ordinal")
         if multi:
-            if not (isinstance(num_classes, numbers.Integral) and num_classes >= 2):
-                raise ValueError(f"the {likelihood} likelihood needs num_classes >= 2, "
-                                 f"got {num_classes!r}")
-            self.num_classes = int(num_classes)
+            if not (isinstance(n_classes, numbers.Integral) and n_classes >= 2):
+                raise ValueError(f"the {likelihood} likelihood needs n_classes >= 2, "
+                                 f"got {n_classes!r}")
+            self.n_classes = int(n_classes)
         else:
-            self.num_classes = 0
+            self.n_classes = 0
         if likelihood == "ordinal":
             if thresholds is None:
-                thresholds = np.linspace(-1.0, 1.0, self.num_classes - 1)
+                thresholds = np.linspace(-1.0, 1.0, self.n_classes - 1)
             thresholds = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
-            if thresholds.shape != (self.num_classes - 1,):
-                raise ValueError(f"thresholds must have {self.num_classes - 1} entries")
+            if thresholds.shape != (self.n_classes - 1,):
+                raise ValueError(f"thresholds must have {self.n_classes - 1} entries")
             if not (np.all(np.isfinite(thresholds)) and np.all(np.diff(thresholds) > 0)):
                 raise ValueError("thresholds must be finite and strictly increasing")
             self.thresholds = np.ascontiguousarray(thresholds)
@@ -138,17 +138,17 @@ class LocalBound:
             self.thresholds = np.zeros(0)
 
     @property
-    def num_latent(self):
+    def n_latent(self):
         """L, the number of latent functions."""
         if self.likelihood == "multinomial":
-            return self.num_classes
+            return self.n_classes
         if self.likelihood == "stick-breaking":
-            return self.num_classes - 1
+            return self.n_classes - 1
         return 1
 
     def _core_args(self):
         b = self.llp
-        return (_KINDS[self.likelihood], b.knots, b.a, b.b, b.c, self.num_classes, self.thresholds)
+        return (_KINDS[self.likelihood], b.knots, b.a, b.b, b.c, self.n_classes, self.thresholds)
 
     def __call__(self, y, m, v):
         """f_b per point with its derivatives.
@@ -175,7 +175,7 @@ class LocalBound:
                                       np.ascontiguousarray(v))
 
     def __repr__(self):
-        extra = f", num_classes={self.num_classes}" if self.num_classes else ""
+        extra = f", n_classes={self.n_classes}" if self.n_classes else ""
         return (f"LocalBound({self.likelihood!r}, bound={self.bound!r}, "
                 f"n_pieces={self.n_pieces}{extra})")
 
@@ -302,7 +302,7 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
             raise ValueError(f"{name} must be a finite number"
                              f"{' >= 0' if low == 0 else ''}, got {value!r}")
     Sigma = _check_sigma(Sigma)
-    N, L = Sigma.shape[0], local_bound.num_latent
+    N, L = Sigma.shape[0], local_bound.n_latent
     y = np.ascontiguousarray(y, dtype=np.float64)
     if y.shape != (N,):
         raise ValueError(f"y must have {N} entries, got shape {y.shape}")
@@ -339,7 +339,7 @@ def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
     """
     _check_local_bound(local_bound)
     Sigma = _check_sigma(Sigma)
-    N, L = Sigma.shape[0], local_bound.num_latent
+    N, L = Sigma.shape[0], local_bound.n_latent
     value, da, dl, _, _ = _core.cvi.oa_objective(
         *local_bound._core_args(), np.ascontiguousarray(y, dtype=np.float64), Sigma,
         _mean_vector(mean, L), _latent_array(alpha, L, N, "alpha"),
@@ -460,7 +460,7 @@ class _Hyperparameters:
                 phi = t[0] + np.concatenate([[0.0], np.cumsum(np.exp(t[1:]))])
             lb = self.local_bound
             self.local_bound = LocalBound("ordinal", bound=lb.bound, n_pieces=lb.n_pieces,
-                                          num_classes=lb.num_classes, thresholds=phi)
+                                          n_classes=lb.n_classes, thresholds=phi)
 
     def gradient(self, d_kernel, d_mean, d_thresholds):
         """d bound / d theta from the gradients w.r.t. the positive kernel parameters, the means
@@ -480,7 +480,7 @@ class _Run:
 
     def __init__(self, estimator, X, t, hyper):
         self.estimator, self.X, self.t, self.hyper = estimator, X, t, hyper
-        L, N = hyper.local_bound.num_latent, X.shape[0]
+        L, N = hyper.local_bound.n_latent, X.shape[0]
         # The start of every cold inference. The Poisson and multinomial bounds hold
         # exp(m + v/2): from Algorithm 1's own start V = Sigma they overflow once the prior
         # variance reaches a few hundred, where unit site precisions (V <= 1) do not. The
@@ -572,7 +572,7 @@ class _VGPEstimator(GPEstimator):
     def _memory_plan(self, N, local_bound, kernel):
         """(N, bytes per N^2, what, advice) of a fit on N points with local_bound's latent
         functions, for pygpfast._memory's check_fits and explain_memory_error."""
-        L = local_bound.num_latent
+        L = local_bound.n_latent
         matrices = _fit_matrices(L, kernel, local_bound.likelihood == "multinomial")
         latents = f"{L} latent functions" if L > 1 else "1 latent function"
         what = (f"{type(self).__name__}.fit on N = {N} points ({latents}) holds {matrices} "
@@ -1005,12 +1005,12 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
             thresholds = scipy.special.logit(np.clip(cum, 1e-3, 1 - 1e-3))
             thresholds = np.maximum.accumulate(thresholds + 1e-3 * np.arange(C - 1))
         lb = LocalBound(self.likelihood, bound=self.bound, n_pieces=self.n_pieces,
-                        num_classes=C if self.likelihood != "logit" else 0,
+                        n_classes=C if self.likelihood != "logit" else 0,
                         thresholds=thresholds)
         learn = self.learn_mean
         if learn is None:
             learn = self.likelihood in ("multinomial", "stick-breaking")
-        mean = np.zeros(lb.num_latent)
+        mean = np.zeros(lb.n_latent)
         if learn and self.likelihood == "stick-breaking":  # P(y = k | y >= k) per latent
             counts = np.bincount(t.astype(int), minlength=C).astype(np.float64)
             at_least = np.cumsum(counts[::-1])[::-1][:-1]

@@ -46,7 +46,7 @@ class SVGP:
     kernel : pygpfast.kernels.Kernel
         Shared by the L latent functions.
     likelihood : pygpfast.likelihoods.Likelihood
-        L = its ``latent_dim`` latent functions (the number of classes for Softmax, else 1).
+        L = its ``n_latent`` latent functions (the number of classes for Softmax, else 1).
     Z : array_like [M, D]
         Inducing inputs.
     q_mu : array_like [M] (L = 1) or [M, L], optional
@@ -69,7 +69,7 @@ class SVGP:
         self.likelihood = likelihood
         self.Z = as_matrix(Z, "Z").copy()
         M = self.Z.shape[0]
-        L = likelihood.latent_dim
+        L = likelihood.n_latent
         self.whiten = bool(whiten)
         self.jitter = float(jitter)
         mu_shape, sqrt_shape = ((M,), (M, M)) if L == 1 else ((M, L), (L, M, M))
@@ -83,12 +83,12 @@ class SVGP:
         self.prior_mean = None if prior_mean is None else _as_array(prior_mean, "prior_mean", (L,))
 
     @property
-    def num_inducing(self):
+    def n_inducing(self):
         """M, the number of inducing inputs."""
         return self.Z.shape[0]
 
     @property
-    def num_latent(self):
+    def n_latent(self):
         """L, the number of latent functions (1, or C for the softmax)."""
         return 1 if self.q_mu.ndim == 1 else self.q_mu.shape[1]
 
@@ -339,7 +339,7 @@ class _SVGPEstimator(GPEstimator):
         else:
             Z, M = None, min(self.n_inducing, X.shape[0])
         likelihood = self._make_likelihood()
-        memory = self._memory_plan(M, likelihood.latent_dim, optimizer, call)
+        memory = self._memory_plan(M, likelihood.n_latent, optimizer, call)
         check_fits(*memory)
         kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
                   else _start.default_kernel(X, rs, self._target_scale()))
@@ -750,7 +750,7 @@ class _SVGPEstimator(GPEstimator):
     def _latent(self, X):
         """Marginals of q(f) at validated X, computed a block of rows at a time."""
         X = self._validate_X(X)
-        L = self.model_.num_latent
+        L = self.model_.n_latent
         shape = (X.shape[0],) if L == 1 else (X.shape[0], L)
         mean, var = np.empty(shape), np.empty(shape)
         for start, block in iter_blocks(X):
@@ -985,8 +985,8 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
         if isinstance(lik, str):
             return _likelihoods.Bernoulli(link=lik)
         if isinstance(lik, _likelihoods.Softmax):
-            if lik.num_classes != C:
-                raise ValueError(f"likelihood is Softmax({lik.num_classes}) but y has {C} classes")
+            if lik.n_classes != C:
+                raise ValueError(f"likelihood is Softmax({lik.n_classes}) but y has {C} classes")
         elif not isinstance(lik, _likelihoods.Bernoulli):
             raise ValueError(f"SVGPClassifier needs a Bernoulli or Softmax likelihood; got {lik!r}")
         return copy.deepcopy(lik)
@@ -1040,13 +1040,13 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
         return self._of_latent(X, self._log_proba)
 
     def _proba(self, mean, var):
-        if self.model_.num_latent > 1:
+        if self.model_.n_latent > 1:
             return self.likelihood_.predict_proba(mean, var)
         p1 = np.clip(self.likelihood_.predict_mean_and_var(mean, var)[0], 0.0, 1.0)
         return np.column_stack([1.0 - p1, p1])
 
     def _log_proba(self, mean, var):
-        if self.model_.num_latent > 1:
+        if self.model_.n_latent > 1:
             return self.likelihood_.predict_log_proba(mean, var)
         return np.column_stack([self.likelihood_.predict_log_density(np.full(len(mean), float(c)),
                                                                      mean, var) for c in (0, 1)])
@@ -1132,7 +1132,7 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
     def _make_likelihood(self):
         if self.likelihood is None:
             return _likelihoods.Gaussian(variance=self._target_scale())
-        if not isinstance(self.likelihood, _likelihoods.Likelihood) or self.likelihood.latent_dim != 1:
+        if not isinstance(self.likelihood, _likelihoods.Likelihood) or self.likelihood.n_latent != 1:
             raise ValueError(
                 f"likelihood must be a pygpfast likelihood of one latent function, got {self.likelihood!r}"
             )

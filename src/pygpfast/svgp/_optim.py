@@ -85,7 +85,7 @@ class Packer:
     def __init__(self, model, *, train_q=True, train_Z=True, train_hyper=True):
         self.model = model
         self.M, self.D = model.Z.shape
-        self.L = model.num_latent
+        self.L = model.n_latent
         self.tril = np.tril_indices(self.M)
         self.train_q, self.train_Z, self.train_hyper = train_q, train_Z, train_hyper
         self.n_kern = model.kernel.n_params if train_hyper else 0
@@ -290,7 +290,7 @@ class NaturalGradient:
         prior_prec : ndarray [M, M], optional
             Precision of the prior of q: None for the whitened N(0, I), Kzz^-1 otherwise.
         """
-        M, L = model.Z.shape[0], model.num_latent
+        M, L = model.Z.shape[0], model.n_latent
         self._cache(model, M, L)
         mu = model.q_mu.reshape(M, L)
         d_m = d_m.reshape(M, L)
