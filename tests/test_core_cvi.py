@@ -70,7 +70,7 @@ def test_poisson_local_bound_is_the_exact_expectation():
 
 
 def test_multinomial_local_bound_formula_and_bound_property():
-    lb = cvi.LocalBound("multinomial", n_classes=3)
+    lb = cvi.LocalBound("softmax", n_classes=3)
     m = np.array([[0.5, -1.0], [0.0, 2.0], [-0.3, 0.1]])  # [L, N]
     v = np.array([[0.4, 1.5], [0.2, 0.3], [1.0, 0.05]])
     y = np.array([2.0, 1.0])
@@ -138,7 +138,7 @@ def test_ordinal_local_bound_and_bound_property():
         assert value[i] <= exact + 1e-12
 
 
-@pytest.mark.parametrize("kind", ["logit", "poisson", "multinomial", "stick-breaking", "ordinal"])
+@pytest.mark.parametrize("kind", ["logit", "poisson", "softmax", "stick-breaking", "ordinal"])
 def test_local_bound_derivatives_match_finite_differences(kind, rng):
     C = 4
     lb = cvi.LocalBound(kind, n_classes=C if kind not in ("logit", "poisson") else 0,
@@ -187,9 +187,9 @@ def _problem(kind="logit", N=50, seed=0, variance=2.0, lengthscale=1.0):
     elif kind == "poisson":
         y = rng.poisson(np.exp(0.5 + f)).astype(float)
         lb = cvi.LocalBound("poisson")
-    elif kind == "multinomial":
+    elif kind == "softmax":
         y = np.digitize(f, [-0.5, 0.8]).astype(float)
-        lb = cvi.LocalBound("multinomial", n_classes=3)
+        lb = cvi.LocalBound("softmax", n_classes=3)
     elif kind == "stick-breaking":
         y = np.digitize(f, [-0.5, 0.8]).astype(float)
         lb = cvi.LocalBound("stick-breaking", n_classes=3)
@@ -217,7 +217,7 @@ def dense_bound(Sigma, y, lb, alpha, lam, mean=None):
     return total + lb(y, m, v)[0].sum(), m, np.array(Vs)
 
 
-@pytest.mark.parametrize("kind", ["logit", "poisson", "multinomial", "stick-breaking", "ordinal"])
+@pytest.mark.parametrize("kind", ["logit", "poisson", "softmax", "stick-breaking", "ordinal"])
 def test_fixed_point_solution_satisfies_eqs_7_and_8(kind):
     X, y, kernel, lb = _problem(kind)
     Sigma = kernel(X)
@@ -271,7 +271,7 @@ def test_poisson_labels_outside_the_support_are_named(bad):
         cvi.oa_objective(np.eye(10), y, lb, np.zeros((1, 10)), np.ones((1, 10)))
 
 
-@pytest.mark.parametrize("kind", ["logit", "poisson", "ordinal", "multinomial"])
+@pytest.mark.parametrize("kind", ["logit", "poisson", "ordinal", "softmax"])
 def test_opper_archambeau_objective_and_gradients(kind, rng):
     X, y, kernel, lb = _problem(kind, N=30)
     Sigma = kernel(X)
@@ -457,7 +457,7 @@ def test_a_multinomial_coupled_step_matches_the_dense_joint_system(variance, len
     # applies the same trust region (no mean moves by more than 3), which scales the second
     # case's step. (Where the scale is below ~1e-2 the system is too ill-conditioned for either
     # solution to keep more than a few digits.)
-    X, y, kernel, lb = _problem("multinomial", N=40, variance=variance, lengthscale=lengthscale)
+    X, y, kernel, lb = _problem("softmax", N=40, variance=variance, lengthscale=lengthscale)
     Sigma = kernel(X)
     k = next(k for k in range(2, 30)
              if cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=k).info["coupled_steps"] == 1)
@@ -494,7 +494,7 @@ def test_a_multinomial_coupled_step_matches_the_dense_joint_system(variance, len
 
 @pytest.mark.parametrize("variance, warm", [(100.0, False), (1e3, False), (1e3, True)])
 def test_multinomial_coupled_steps_reach_algorithm_1s_optimum_with_fewer_flops(variance, warm):
-    X, y, kernel, lb = _problem("multinomial", N=60, variance=variance)
+    X, y, kernel, lb = _problem("softmax", N=60, variance=variance)
     Sigma = kernel(X)
     start = {}
     if warm:  # converged at this kernel, then restarted at 1.1 times its variance
@@ -578,7 +578,7 @@ def test_hyperparameter_gradients_match_finite_differences(kind):
 
 
 def test_predict_f_matches_the_dense_formula(rng):
-    X, y, kernel, lb = _problem("multinomial", N=40)
+    X, y, kernel, lb = _problem("softmax", N=40)
     codes, params = kernel._spec(2)
     mean = np.array([0.1, -0.2, 0.3])
     jitter = 1e-3  # relative to the mean diagonal of K
@@ -643,7 +643,7 @@ def test_errors_are_clear():
     with pytest.raises(ValueError, match="outside the support"):
         cvi.infer(Sigma, np.full(10, 2.0), lb)
     with pytest.raises(ValueError, match="class indices"):
-        cvi.infer(Sigma, np.full(10, 3.0), cvi.LocalBound("multinomial", n_classes=3))
+        cvi.infer(Sigma, np.full(10, 3.0), cvi.LocalBound("softmax", n_classes=3))
     with pytest.raises(ValueError, match="non-finite"):
         bad = Sigma.copy()
         bad[3, 2] = np.nan
@@ -668,7 +668,7 @@ def test_guards_keep_the_bound_monotone_where_plain_sweeps_would_lower_it():
     X = np.array([[-0.1364], [0.325], [-0.1555], [0.268]])
     kernel = RBF(variance=33.0, lengthscale=0.76) + White(3.3e-5)
     y = np.array([2.0, 1.0, 2.0, 2.0])
-    lb = cvi.LocalBound("multinomial", n_classes=3)
+    lb = cvi.LocalBound("softmax", n_classes=3)
     Sigma = kernel(X)
     r = cvi.infer(Sigma, y, lb, tol=1e-13, coupled_means=False)
     assert r.converged and r.info["damped_sweeps"] > 0
@@ -763,7 +763,7 @@ def test_multinomial_means_handed_to_the_sweep_still_reach_the_optimum(variance)
     P = np.exp(F) / np.exp(F).sum(1, keepdims=True)
     y = np.array([rng.choice(C, p=p) for p in P], dtype=float)
     Sigma = RBF(variance=variance, lengthscale=1.0)(X) + 1e-6 * np.eye(N)
-    lb = cvi.LocalBound("multinomial", n_classes=C)
+    lb = cvi.LocalBound("softmax", n_classes=C)
     r = cvi.infer(Sigma, y, lb, tol=1e-9)
     ref = cvi.infer(Sigma, y, lb, tol=1e-15, max_iter=5000)
     assert r.converged
@@ -790,7 +790,7 @@ def test_multinomial_iteration_with_handed_over_means_does_not_end_the_run():
     y = np.argmax(X @ W + rng.gumbel(size=(N, C)), 1).astype(float)
     assert (N, C) == (200, 3)
     Sigma = RBF(variance=10.0, lengthscale=3.0)(X) + 1e-5 * np.eye(N)
-    lb = cvi.LocalBound("multinomial", n_classes=C)
+    lb = cvi.LocalBound("softmax", n_classes=C)
     start = np.ones((C, N))
     r = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-4)
     ref = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-14, max_iter=2000)
@@ -809,7 +809,7 @@ def test_multinomial_sites_are_solved_whatever_skip_tol():
     X = rng.standard_normal((N, 1))
     y = np.digitize(X[:, 0], [-0.5, 0.5]).astype(float)
     Sigma = RBF(variance=1e4, lengthscale=5.0)(X) + 1e-2 * np.eye(N)
-    lb = cvi.LocalBound("multinomial", n_classes=3)
+    lb = cvi.LocalBound("softmax", n_classes=3)
     start = np.ones((3, N))
     skipping = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-8, skip_tol=1e-4)
     exact = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-8)
@@ -827,7 +827,7 @@ def test_multinomial_sites_are_solved_whatever_skip_tol():
 # under the 1e8 past which V was rebuilt: the bound carried along by the rank-one updates was
 # reported converged 1e-8 to 1e-3 relative off the bound at the returned (alpha, lambda)
 # (-20.894 for -20.865 at lambda0 = 1e4, variance 100).
-@pytest.mark.parametrize("likelihood,classes", [("logit", 0), ("poisson", 0), ("multinomial", 3),
+@pytest.mark.parametrize("likelihood,classes", [("logit", 0), ("poisson", 0), ("softmax", 3),
                                                 ("ordinal", 4)])
 @pytest.mark.parametrize("variance,lengthscale,lambda0", [(100.0, 3.0, 1e2), (100.0, 3.0, 1e4),
                                                           (1.0, 0.01, 1e6), (1e3, 1.0, 1e2)])

@@ -13,7 +13,7 @@ from sklearn_checks import parametrize_with_checks
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 @parametrize_with_checks([
     VGPClassifier(optimize_hyperparameters=False, inner_max_iter=50),
-    VGPClassifier(likelihood="multinomial", optimize_hyperparameters=False, inner_max_iter=50),
+    VGPClassifier(likelihood="softmax", optimize_hyperparameters=False, inner_max_iter=50),
     VGPPoissonRegressor(optimize_hyperparameters=False, inner_max_iter=50),
 ])
 def test_sklearn_compatible(estimator, check):

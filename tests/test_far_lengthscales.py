@@ -29,7 +29,7 @@ def _data(n=N, seed=0):
 # (estimator factory, target)
 CASES = {
     "VGP logit": (lambda k: VGPClassifier(kernel=k), "binary"),
-    "VGP multinomial": (lambda k: VGPClassifier(likelihood="multinomial", kernel=k), "ordered"),
+    "VGP multinomial": (lambda k: VGPClassifier(likelihood="softmax", kernel=k), "ordered"),
     "VGP ordinal": (lambda k: VGPClassifier(likelihood="ordinal", kernel=k), "ordered"),
     "VGP stick-breaking": (lambda k: VGPClassifier(likelihood="stick-breaking", kernel=k), "ordered"),
     "VGP Poisson": (lambda k: VGPPoissonRegressor(kernel=k), "counts"),
@@ -38,7 +38,7 @@ CASES = {
                 "binary"),
     "SVGP softmax": (lambda k: SVGPClassifier(kernel=k, n_inducing=20, random_state=0),
                      "ordered"),
-    "SVGP Poisson": (lambda k: SVGPRegressor(kernel=k, likelihood=likelihoods.Poisson(),
+    "SVGP Poisson": (lambda k: SVGPRegressor(kernel=k, likelihood="poisson",
                                              n_inducing=20, random_state=0), "counts"),
     "SVGP Gaussian": (lambda k: SVGPRegressor(kernel=k, n_inducing=20, random_state=0), "real"),
 }

@@ -38,7 +38,7 @@ def test_available_bytes_is_positive_or_unknown():
     assert n is None or (isinstance(n, int) and n > 0)
 
 
-@pytest.mark.parametrize("likelihood, C, matrices", [("logit", 2, 5), ("multinomial", 3, 10),
+@pytest.mark.parametrize("likelihood, C, matrices", [("logit", 2, 5), ("softmax", 3, 10),
                                                      ("ordinal", 4, 5)])
 def test_vgp_fit_refused_before_allocating(available, monkeypatch, likelihood, C, matrices):
     # Before: an N x N request that could not fit ran until the core's allocation failed with
@@ -76,7 +76,7 @@ def test_vgp_poisson_and_product_kernel_counts(available, monkeypatch):
     y = rng.poisson(2.0, size=100)
     monkeypatch.setattr(_core.cvi, "fit_step", no_core_call)
     available(1000)
-    with pytest.raises(MemoryError, match=r"SVGPRegressor\(likelihood=pygpfast\.likelihoods"):
+    with pytest.raises(MemoryError, match=r"SVGPRegressor\(likelihood='poisson'\)"):
         VGPPoissonRegressor().fit(X, y)
     # A product's gradient holds its terms' K, the adjoint and the term's scratch (2 + 1 + 1),
     # beside Sigma, Pi, B and G.

@@ -319,7 +319,7 @@ def test_poisson_regressor_fits_real_targets(rng, optimizer, rtol):
     # (fit, and three passes of partial_fit over four chunks; measured 0.018 and 0.029)
     X = rng.uniform(-2, 2, (200, 1))
     rate = 5.0 * np.exp(1.0 + np.sin(2 * X[:, 0]))
-    reg = SVGPRegressor(likelihood=likelihoods.Poisson(), optimizer=optimizer, n_inducing=15,
+    reg = SVGPRegressor(likelihood="poisson", optimizer=optimizer, n_inducing=15,
                         max_iter=300, random_state=0)
     if optimizer == "lbfgs":
         reg.fit(X, rate)
@@ -340,18 +340,18 @@ def test_poisson_regressor_names_a_negative_target(rng, bad):
     message = (rf"y\[7\] = {bad:g} is outside the support of the Poisson likelihood: labels must "
                r"be finite and >= 0")
     for optimizer in ("lbfgs", "adam"):
-        reg = SVGPRegressor(likelihood=likelihoods.Poisson(), optimizer=optimizer, batch_size=8,
+        reg = SVGPRegressor(likelihood="poisson", optimizer=optimizer, batch_size=8,
                             n_inducing=5, max_iter=3, random_state=0)
         with pytest.raises(ValueError, match=message):
             reg.fit(X, y)
-    reg = SVGPRegressor(likelihood=likelihoods.Poisson(), batch_size=8, n_inducing=5, random_state=0)
+    reg = SVGPRegressor(likelihood="poisson", batch_size=8, n_inducing=5, random_state=0)
     reg.partial_fit(X[20:], y[20:])
     with pytest.raises(ValueError, match=message):
         reg.partial_fit(X, y)
     for value, what in ((np.nan, "NaN"), (np.inf, "infinity")):  # (scikit-learn's message)
         y[7] = value
         with pytest.raises(ValueError, match=f"Input y contains {what}"):
-            SVGPRegressor(likelihood=likelihoods.Poisson()).fit(X, y)
+            SVGPRegressor(likelihood="poisson").fit(X, y)
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")

@@ -273,7 +273,7 @@ def test_adam_minimises_a_quadratic():
 # ---------------------------------------------------------------- through the estimators
 def test_lbfgs_regressor_with_frozen_hyperparameters_reaches_titsias_bound(rng):
     X, y, Z, kernel = regression_problem(rng)
-    reg = SVGPRegressor(kernel, likelihood=likelihoods.Gaussian(variance=0.05), normalize_y=False,
+    reg = SVGPRegressor(kernel, likelihood="gaussian", noise_variance=0.05, normalize_y=False,
                         inducing_points=Z, train_inducing=False, optimize_hyperparameters=False,
                         optimizer="lbfgs", jitter=1e-8).fit(X, y)
     *_, bound = titsias(kernel, Z, X, y, 0.05, 1e-8)
@@ -286,7 +286,7 @@ def test_one_natgrad_epoch_gives_the_exact_gaussian_posterior(rng, whiten):
     """With natgrad_step='auto' the first N / B steps average the minibatch targets exactly
     (rho_t = 1 / (t + 1)); one epoch visits every row once, so q is Titsias' optimum."""
     X, y, Z, kernel = regression_problem(rng, N=600)
-    reg = SVGPRegressor(kernel, likelihood=likelihoods.Gaussian(variance=0.05), normalize_y=False,
+    reg = SVGPRegressor(kernel, likelihood="gaussian", noise_variance=0.05, normalize_y=False,
                         inducing_points=Z, train_inducing=False, optimize_hyperparameters=False,
                         optimizer="natgrad", batch_size=100, max_iter=1, whiten=whiten, jitter=1e-8,
                         random_state=0)
@@ -330,7 +330,7 @@ def test_poisson_natural_steps_do_not_overshoot():
     X = rng.randn(300, 2)
     rate = np.exp(3 + 0.5 * X[:, 0])
     y = rng.poisson(rate)
-    reg = SVGPRegressor(likelihood=likelihoods.Poisson(), n_inducing=10, random_state=0)
+    reg = SVGPRegressor(likelihood="poisson", n_inducing=10, random_state=0)
     values = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -342,7 +342,7 @@ def test_poisson_natural_steps_do_not_overshoot():
     assert np.median(np.abs(values[-1] / rate - 1)) < 0.1  # (0.15 without the constant mean)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        big = SVGPRegressor(likelihood=likelihoods.Poisson(), optimizer="natgrad", n_inducing=10, max_iter=20,
+        big = SVGPRegressor(likelihood="poisson", optimizer="natgrad", n_inducing=10, max_iter=20,
                             random_state=0).fit(X, rng.poisson(1000 * rate / np.exp(3)))
     p = big.predict(X) / (1000 * rate / np.exp(3))
     # (it diverged to 1e271)
@@ -360,13 +360,13 @@ def test_poisson_large_counts_reach_the_poisson_noise(optimizer):
     X = rng.randn(2000, 2)
     rate = np.exp(9.2 + 0.5 * np.sin(2 * X[:, 0]))
     y = rng.poisson(rate)
-    reg = SVGPRegressor(likelihood=likelihoods.Poisson(), optimizer=optimizer, n_inducing=20,
+    reg = SVGPRegressor(likelihood="poisson", optimizer=optimizer, n_inducing=20,
                         random_state=0).fit(X, y)
     assert np.median(np.abs(reg.predict(X) / rate - 1)) < 0.005
     assert reg.objective_ > -2.5e4
     assert reg.model_.prior_mean.shape == (1,) and 8.5 < reg.model_.prior_mean[0] < 10.0
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(reg)).predict(X[:50]), reg.predict(X[:50]))
-    frozen = SVGPRegressor(likelihood=likelihoods.Poisson(), optimizer=optimizer, n_inducing=20, max_iter=3,
+    frozen = SVGPRegressor(likelihood="poisson", optimizer=optimizer, n_inducing=20, max_iter=3,
                            optimize_hyperparameters=False, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -389,7 +389,7 @@ def test_adam_on_a_sharp_poisson_posterior_warns_and_names_natgrad():
     rng = np.random.default_rng(0)
     X = rng.uniform(-3, 3, (2000, 2))
     y = rng.poisson(6e4 * np.exp(0.5 * np.sin(X[:, 0])))
-    kw = dict(likelihood=likelihoods.Poisson(), n_inducing=20, batch_size=256, max_iter=300, random_state=0)
+    kw = dict(likelihood="poisson", n_inducing=20, batch_size=256, max_iter=300, random_state=0)
     with pytest.warns(ConvergenceWarning, match=r"q\(u\) far from its optimum.*optimizer='natgrad'"):
         adam = SVGPRegressor(optimizer="adam", **kw).fit(X, y)
     assert adam.n_iter_ < 300 and adam._trainer.step_scale == pytest.approx(0.04)

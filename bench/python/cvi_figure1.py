@@ -47,7 +47,7 @@ OPTIMUM_RTOL = 1e-6
 
 
 def flops_per_eval(lb):
-    return 20.0 * lb.n_classes if lb.likelihood == "multinomial" else 60.0 * PIECES
+    return 20.0 * lb.n_classes if lb.likelihood == "softmax" else 60.0 * PIECES
 
 
 def load(name, glass_likelihood):
@@ -163,7 +163,7 @@ def main():
     ap.add_argument("--oa-max-iter", type=int, default=5000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--glass-likelihood", default="stick-breaking",
-                    choices=["stick-breaking", "multinomial"])
+                    choices=["stick-breaking", "softmax"])
     ap.add_argument("--replot", action="store_true",
                     help="redraw the PNGs from bench/results/cvi_figure1.json")
     args = ap.parse_args()

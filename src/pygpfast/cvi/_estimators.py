@@ -9,7 +9,7 @@ likelihood                latents local bound
 ========================  ======  ============================================================
 ``"logit"``               1       y m - E[B(z)], B >= log(1 + e^z) piecewise (Marlin et al.)
 ``"poisson"``             1       y m - exp(m + v/2) - lgamma(y + 1)  (exact; real y >= 0 too)
-``"multinomial"``         C       m_y - lse(m + v/2)  (Blei & Lafferty)
+``"softmax"``         C       m_y - lse(m + v/2)  (Blei & Lafferty)
 ``"stick-breaking"``      C - 1   log sigmoid(z_k) + sum_{j<k} log sigmoid(-z_j), piecewise
 ``"ordinal"``             1       cumulative logit p(y <= k) = sigmoid(phi_k - z), piecewise
 ========================  ======  ============================================================
@@ -35,7 +35,7 @@ Two methods reach the same optimum of the same bound:
 Hyperparameters (kernel, constant prior means, ordinal thresholds) are learned by maximising the
 bound at the optimum with L-BFGS-B; its gradient comes from the envelope theorem in O(N^2) once V
 is known. Predictions: latent means and variances at new inputs, class probabilities by
-Gauss-Hermite quadrature (for ``"multinomial"``, E[softmax(z)] by :class:`pygpfast.likelihoods.Softmax`).
+Gauss-Hermite quadrature (for ``"softmax"``, E[softmax(z)] by :class:`pygpfast.likelihoods.Softmax`).
 
 Public estimators: :class:`VGPClassifier` and :class:`VGPPoissonRegressor`; the building blocks
 :class:`LocalBound`, :func:`infer` and :func:`oa_objective` are public for tests and benchmarks.
@@ -71,7 +71,7 @@ __all__ = ["LocalBound", "InferenceResult", "infer", "oa_objective", "VGPClassif
            "VGPPoissonRegressor"]
 
 # Codes of pygpfast::cvi::LocalBoundType (csrc/include/pygpfast/cvi.hpp).
-_KINDS = {"logit": 0, "poisson": 1, "multinomial": 2, "stick-breaking": 3, "ordinal": 4}
+_KINDS = {"logit": 0, "poisson": 1, "softmax": 2, "stick-breaking": 3, "ordinal": 4}
 _METHODS = ("fixed-point", "opper-archambeau")
 _BOUND_KINDS = ("quadratic", "linear")
 
@@ -96,7 +96,7 @@ class LocalBound:
 
     Parameters
     ----------
-    likelihood : {"logit", "poisson", "multinomial", "stick-breaking", "ordinal"}
+    likelihood : {"logit", "poisson", "softmax", "stick-breaking", "ordinal"}
     bound : {"quadratic", "linear"}
         Kind of the piecewise bound on log(1 + e^x) (logit, stick-breaking, ordinal).
     n_pieces : int
@@ -117,7 +117,7 @@ class LocalBound:
         self.bound = bound
         self.n_pieces = n_pieces
         self.llp = llp_bound(n_pieces, bound)
-        multi = likelihood in ("multinomial", "stick-breaking", "ordinal")
+        multi = likelihood in ("softmax", "stick-breaking", "ordinal")
         if multi:
             if not (isinstance(n_classes, numbers.Integral) and n_classes >= 2):
                 raise ValueError(f"the {likelihood} likelihood needs n_classes >= 2, "
@@ -140,7 +140,7 @@ class LocalBound:
     @property
     def n_latent(self):
         """L, the number of latent functions."""
-        if self.likelihood == "multinomial":
+        if self.likelihood == "softmax":
             return self.n_classes
         if self.likelihood == "stick-breaking":
             return self.n_classes - 1
@@ -490,7 +490,7 @@ class _Run:
         # L-BFGS-B is faster (a 3-class fit with N = 150: 1.8 s from 0, 26 s from 1).
         likelihood = hyper.local_bound.likelihood
         lambda0 = 1.0 if (likelihood == "poisson" or (estimator.method == "fixed-point"
-                                                      and likelihood == "multinomial")) else 0.0
+                                                      and likelihood == "softmax")) else 0.0
         self.start = (np.zeros((L, N)), np.full((L, N), lambda0))
         self.alpha, self.lambda_ = self.start[0].copy(), self.start[1].copy()
         self.last = None
@@ -548,7 +548,7 @@ def _fit_matrices(L, kernel, multinomial=False):
     multinomial bound's coupled steps K_l and S (2 L + 4); then, for the gradient, Sigma, Pi_l
     (over V_l), B, G and the kernel gradient's scratch. The
     Opper-Archambeau path holds K in Python where the core holds B. Measured peaks (resident
-    set, N = 3000): 5.2 N^2 doubles for "logit" and Poisson, 10.3 for "multinomial" with 3
+    set, N = 3000): 5.2 N^2 doubles for "logit" and Poisson, 10.3 for "softmax" with 3
     classes, against 5 and 10 here."""
     return max(2 * L + 2 + 2 * bool(multinomial), L + 3 + _kernel_gradient_matrices(kernel))
 
@@ -573,7 +573,7 @@ class _VGPEstimator(GPEstimator):
         """(N, bytes per N^2, what, advice) of a fit on N points with local_bound's latent
         functions, for pygpfast._memory's check_fits and explain_memory_error."""
         L = local_bound.n_latent
-        matrices = _fit_matrices(L, kernel, local_bound.likelihood == "multinomial")
+        matrices = _fit_matrices(L, kernel, local_bound.likelihood == "softmax")
         latents = f"{L} latent functions" if L > 1 else "1 latent function"
         what = (f"{type(self).__name__}.fit on N = {N} points ({latents}) holds {matrices} "
                 f"N x N float64 matrices at its peak, which")
@@ -652,7 +652,7 @@ class _VGPEstimator(GPEstimator):
         self.mean_ = run.hyper.mean.copy()
         self.objective_ = float(info["bound"])
         self.inference_info_ = {k: v for k, v in info.items() if k != "history"}
-        self.alpha_, self.lambda_ = alpha, lam
+        self.alpha_, self.lambda_ = alpha.T.copy(), lam.T.copy()  # ([N, L]; the core's are [L, N])
         self.predictive_factor_ = None  # (_predictive_factor computes it when first needed)
         self.X_train_ = run.X
         return info, alpha, lam
@@ -673,7 +673,7 @@ class _VGPEstimator(GPEstimator):
         if self.predictive_factor_ is None:
             codes, params = self.kernel_._spec(self.X_train_.shape[1])
             self.predictive_factor_ = _core.cvi.predictive_factor(
-                codes, params, self.X_train_, self.jitter, self.lambda_)
+                codes, params, self.X_train_, self.jitter, np.ascontiguousarray(self.lambda_.T))
         return self.predictive_factor_
 
     def _check_oa_optimum(self, hyper, X, t, alpha, lam, bound):
@@ -740,12 +740,20 @@ class _VGPEstimator(GPEstimator):
         return info, alpha, lam, grads
 
     def predict_latent(self, X):
-        """Means and variances [T, L] of the latent functions at X [T, D] under q."""
-        check_is_fitted(self, "alpha_")
+        """Means and variances of the latent functions at X [T, D] under q: [T] each for one
+        latent function, [T, L] for L."""
+        mean, var = self._latent(X)
+        return (mean[:, 0], var[:, 0]) if mean.shape[1] == 1 else (mean, var)
+
+    def _latent(self, X):
+        """Means and variances [T, L] of the latent functions at X [T, D]."""
+        check_is_fitted(self)
         X = validate_data(self, array_of_matrix(X), dtype=np.float64, order="C", reset=False)
         codes, params = self.kernel_._spec(X.shape[1])
-        return _core.cvi.predict_f(codes, params, self.X_train_, self.mean_, self.alpha_,
-                                   self.lambda_, self._predictive_factor(), X)
+        return _core.cvi.predict_f(codes, params, self.X_train_, self.mean_,
+                                   np.ascontiguousarray(self.alpha_.T),
+                                   np.ascontiguousarray(self.lambda_.T), self._predictive_factor(),
+                                   X)
 
 
 _COMMON_DOC = """
@@ -824,7 +832,7 @@ _COMMON_ATTRIBUTES = """
     mean_ : ndarray [L]
         Constant prior means of the latent functions.
     local_bound_ : LocalBound
-    alpha_, lambda_ : ndarray [L, N]
+    alpha_, lambda_ : ndarray [N, L]
         The posterior: m_l = mean_l + K alpha_l, V_l = (K^-1 + diag(lambda_l))^-1.
     predictive_factor_ : ndarray [L, N, N]
         Lower Cholesky factors F_l of I + diag(lambda_l)^1/2 K diag(lambda_l)^1/2, from which the
@@ -905,8 +913,8 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
 
     Parameters
     ----------
-    likelihood : {"logit", "multinomial", "stick-breaking", "ordinal"}
-        "logit": binary Bernoulli-logit; "multinomial": softmax over C latent functions with
+    likelihood : {"logit", "softmax", "stick-breaking", "ordinal"}
+        "logit": binary Bernoulli-logit; "softmax": softmax over C latent functions with
         the log-sum-exp bound; "stick-breaking": C - 1 latent functions (Khan et al. 2012b);
         "ordinal": one latent function and K - 1 learned thresholds, for classes in the order
         of ``class_order_`` (see `classes`)."""
@@ -921,7 +929,7 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
         ordinal scale). Whatever the order, ``classes_`` and the columns of ``predict_proba``
         are sorted, as scikit-learn's metrics and scorers take them to be.
     learn_mean : bool or None
-        Learn a constant prior mean per latent function. None: for "multinomial" and
+        Learn a constant prior mean per latent function. None: for "softmax" and
         "stick-breaking" (the thresholds play that role for "ordinal"; zero mean for "logit",
         as in scikit-learn's GaussianProcessClassifier).
 
@@ -975,8 +983,8 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
         -------
         self
         """
-        if self.likelihood not in ("logit", "multinomial", "stick-breaking", "ordinal"):
-            raise ValueError("likelihood must be 'logit', 'multinomial', 'stick-breaking' or "
+        if self.likelihood not in ("logit", "softmax", "stick-breaking", "ordinal"):
+            raise ValueError("likelihood must be 'logit', 'softmax', 'stick-breaking' or "
                              f"'ordinal', got {self.likelihood!r}")
         if self.bound not in _BOUND_KINDS:
             raise ValueError(f"bound must be one of {_BOUND_KINDS}, got {self.bound!r}")
@@ -998,7 +1006,7 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
             raise ValueError(f"y has {C} class; a classifier needs at least 2")
         if self.likelihood == "logit" and C != 2:
             raise ValueError(f"Only binary classification is supported by likelihood='logit'; "
-                             f"y has {C} classes (use 'multinomial' or 'stick-breaking')")
+                             f"y has {C} classes (use 'softmax' or 'stick-breaking')")
         thresholds = None
         if self.likelihood == "ordinal":  # cut points at the logits of the class frequencies
             cum = np.cumsum(np.bincount(t.astype(int), minlength=C))[:-1] / t.size
@@ -1009,13 +1017,13 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
                         thresholds=thresholds)
         learn = self.learn_mean
         if learn is None:
-            learn = self.likelihood in ("multinomial", "stick-breaking")
+            learn = self.likelihood in ("softmax", "stick-breaking")
         mean = np.zeros(lb.n_latent)
         if learn and self.likelihood == "stick-breaking":  # P(y = k | y >= k) per latent
             counts = np.bincount(t.astype(int), minlength=C).astype(np.float64)
             at_least = np.cumsum(counts[::-1])[::-1][:-1]
             mean = scipy.special.logit(np.clip(counts[:-1] / at_least, 1e-3, 1 - 1e-3))
-        elif learn and self.likelihood == "multinomial":
+        elif learn and self.likelihood == "softmax":
             freq = np.bincount(t.astype(int), minlength=C) / t.size
             mean = np.log(np.clip(freq, 1e-3, None))
             mean -= mean.mean()
@@ -1023,8 +1031,8 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
 
     def predict_proba(self, X):
         """Class probabilities [T, C] (columns in the order of ``classes_``)."""
-        mean, var = self.predict_latent(X)
-        if self.likelihood == "multinomial":
+        mean, var = self._latent(X)
+        if self.likelihood == "softmax":
             proba = _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH).predict_proba(mean, var)
         elif self.likelihood == "logit":
             sig = _likelihoods.Bernoulli(link="logit", n_gh=_N_GH)
@@ -1037,8 +1045,8 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
     def predict_log_proba(self, X):
         """log p(y = class | X) [T, C]: computed in log space, finite however small the
         probability."""
-        mean, var = self.predict_latent(X)
-        if self.likelihood == "multinomial":
+        mean, var = self._latent(X)
+        if self.likelihood == "softmax":
             softmax = _likelihoods.Softmax(mean.shape[1], n_gh=_N_GH)
             log_proba = softmax.predict_log_proba(mean, var)
         else:
@@ -1114,7 +1122,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         + _COMMON_ATTRIBUTES
     )
 
-    _SPARSE_PEER = "SVGPRegressor(likelihood=pygpfast.likelihoods.Poisson())"
+    _SPARSE_PEER = "SVGPRegressor(likelihood='poisson')"
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -1162,6 +1170,6 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
 
     def predict(self, X, return_std=False):
         """Predictive mean [T] of the counts, and their standard deviation [T]."""
-        mean, var = self.predict_latent(X)
+        mean, var = self._latent(X)
         ymean, yvar = _likelihoods.Poisson().predict_mean_and_var(mean[:, 0], var[:, 0])
         return (ymean, np.sqrt(yvar)) if return_std else ymean

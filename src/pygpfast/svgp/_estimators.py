@@ -693,7 +693,8 @@ class _SVGPEstimator(GPEstimator):
 
     #: What partial_fit reads only when it starts the model (the first call) or the optimiser
     #: (the first call, or the first after a fit); it reads the other parameters at every call.
-    _MODEL_PARAMS = ("kernel", "likelihood", "n_inducing", "inducing_points", "method", "whiten",
+    _MODEL_PARAMS = ("kernel", "likelihood", "noise_variance", "n_inducing", "inducing_points",
+                     "method", "whiten",
                      "jitter", "random_state", "normalize_y")
     _OPTIMISER_PARAMS = ("optimizer", "learning_rate", "natgrad_step", "train_inducing",
                          "optimize_hyperparameters")
@@ -915,15 +916,16 @@ _NOTES = """
 
 
 class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
+    _parameter_constraints = {**_SVGPEstimator._parameter_constraints,
+                              "likelihood": (Options(None, "probit", "logit", "softmax"),)}
     __doc__ = (
         "Gaussian-process classifier with a sparse variational posterior (SVGP), binary or\n"
         "multi-class, with labels of any type.\n"
         + _COMMON_DOC
-        + """    likelihood : None, {'probit', 'logit'} or pygpfast.likelihoods.Likelihood, default None
-        None: Bernoulli-probit for two classes (one latent function), the softmax
-        (``likelihoods.Softmax(C)``, C latent functions sharing Z and the kernel) for C > 2.
-        'probit', 'logit': Bernoulli with that link (two classes only). A Bernoulli or
-        Softmax instance is used as given.
+        + """    likelihood : {None, 'probit', 'logit', 'softmax'}, default None
+        'probit', 'logit': Bernoulli with that link, one latent function (two classes only).
+        'softmax': C latent functions sharing Z and the kernel (any C >= 2). None: 'probit'
+        for two classes, 'softmax' for more.
 
     Attributes
     ----------
@@ -963,33 +965,22 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()  # (_make_likelihood and _fit_mf refuse C > 2 for these)
         tags.classifier_tags.multi_class = not (
-            self.method == "mf" or isinstance(self.likelihood, (str, _likelihoods.Bernoulli)))
+            self.method == "mf" or self.likelihood in ("probit", "logit"))
         return tags
 
     def _is_probit(self):
-        lik = self.likelihood
-        return lik in (None, "probit") or (isinstance(lik, _likelihoods.Bernoulli) and lik.link == "probit")
+        return self.likelihood in (None, "probit")
 
     def _make_likelihood(self):
-        lik, C = self.likelihood, len(self.classes_)
-        if lik is None:
-            return _likelihoods.Bernoulli() if C == 2 else _likelihoods.Softmax(C)
-        if isinstance(lik, str) and lik not in ("probit", "logit"):
-            raise ValueError(f"likelihood must be None, 'probit', 'logit' or a Likelihood, got {lik!r}")
-        if isinstance(lik, (str, _likelihoods.Bernoulli)) and C > 2:
+        name, C = self.likelihood, len(self.classes_)
+        if name in ("probit", "logit") and C > 2:
             # (scikit-learn's wording, which its check for binary-only classifiers looks for)
             raise ValueError(
-                f"Only binary classification is supported by likelihood={lik!r}; y has {C} "
-                f"classes: use likelihood=None (the softmax) or likelihoods.Softmax({C})"
-            )
-        if isinstance(lik, str):
-            return _likelihoods.Bernoulli(link=lik)
-        if isinstance(lik, _likelihoods.Softmax):
-            if lik.n_classes != C:
-                raise ValueError(f"likelihood is Softmax({lik.n_classes}) but y has {C} classes")
-        elif not isinstance(lik, _likelihoods.Bernoulli):
-            raise ValueError(f"SVGPClassifier needs a Bernoulli or Softmax likelihood; got {lik!r}")
-        return copy.deepcopy(lik)
+                f"Only binary classification is supported by likelihood={name!r}; y has {C} "
+                "classes: use likelihood=None or 'softmax'")
+        if name == "softmax" or (name is None and C > 2):
+            return _likelihoods.Softmax(C)
+        return _likelihoods.Bernoulli(link=name or "probit")
 
     def _encode_targets(self, y, first_call, classes=None):
         check_classification_targets(y)
@@ -1054,16 +1045,20 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
 
 
 class SVGPRegressor(RegressorMixin, _SVGPEstimator):
+    _parameter_constraints = {**_SVGPEstimator._parameter_constraints,
+                              "likelihood": (Options("gaussian", "poisson"),),
+                              "noise_variance": (Options("auto"),
+                                                 Interval(float, 0.0, None, closed="neither")),
+                              "normalize_y": (BOOL,)}
     __doc__ = (
         "Sparse variational GP regression (seed 001's model; any one-latent likelihood).\n"
         + _COMMON_DOC
-        + """    likelihood : pygpfast.likelihoods.Likelihood, optional
-        Default: Gaussian with variance 1 on the standardised targets when normalize_y,
-        else the targets' mean square (which the default kernel's variance also starts at).
-        Poisson gives count regression: the log rate is a constant, started at log mean(y) and
-        learned with the hyperparameters (``model_.prior_mean``), plus the GP. Non-integer
-        targets y >= 0 are taken by the same formula (see pygpfast.likelihoods.Poisson), as
-        scikit-learn's Poisson models take them.
+        + """    likelihood : {'gaussian', 'poisson'}, default 'gaussian'
+        'poisson': count regression, the log rate a learned constant (started at log mean(y),
+        ``model_.prior_mean``) plus the GP; real targets y >= 0 are taken by the same formula.
+    noise_variance : float or 'auto', default 'auto'
+        Starting variance of the Gaussian likelihood's noise (learned with the
+        hyperparameters). 'auto': 1 on standardised targets, else the targets' mean square.
     normalize_y : bool, default True
         Gaussian likelihood: fit to (y - mean) / std of the training targets (of the first
         chunk for partial_fit); predictions are returned in the original units, while objective_
@@ -1078,13 +1073,15 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         + _NOTES
     )
 
-    def __init__(self, kernel=None, *, likelihood=None, normalize_y=True, n_inducing=100,
+    def __init__(self, kernel=None, *, likelihood="gaussian", noise_variance="auto",
+                 normalize_y=True, n_inducing=100,
                  inducing_points=None, method="kl", whiten=True, optimizer="auto", batch_size="auto",
                  learning_rate="auto", natgrad_step="auto", max_iter=None, tol=1e-6, n_iter_no_change=5,
                  train_inducing=True, optimize_hyperparameters=True, jitter=1e-6, random_state=None,
                  verbose=0, callback=None):
         self.kernel = kernel
         self.likelihood = likelihood
+        self.noise_variance = noise_variance
         self.normalize_y = normalize_y
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
@@ -1106,7 +1103,7 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.target_tags.positive_only = isinstance(self.likelihood, _likelihoods.Poisson)
+        tags.target_tags.positive_only = self.likelihood == "poisson"
         return tags
 
     def _is_probit(self):
@@ -1125,21 +1122,18 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         # GP itself had to reach log(1e4) ~ 9.2 everywhere on counts of 1e4: the kernel variance
         # and lengthscales that allows took L-BFGS-B 1100 iterations, and natural gradients
         # stalled far from it (ELBO -3.5e5 against -1.4e4, rates 6% off where Poisson noise is 1%).
-        if isinstance(self.likelihood, _likelihoods.Poisson):
+        if self.likelihood == "poisson":
             return np.array([np.log(max(float(np.mean(t)), 0.5 / t.size))])
         return None
 
     def _make_likelihood(self):
-        if self.likelihood is None:
-            return _likelihoods.Gaussian(variance=self._target_scale())
-        if not isinstance(self.likelihood, _likelihoods.Likelihood) or self.likelihood.n_latent != 1:
-            raise ValueError(
-                f"likelihood must be a pygpfast likelihood of one latent function, got {self.likelihood!r}"
-            )
-        return copy.deepcopy(self.likelihood)
+        if self.likelihood == "poisson":
+            return _likelihoods.Poisson()
+        return _likelihoods.Gaussian(variance=self._target_scale() if self.noise_variance == "auto"
+                                     else float(self.noise_variance))
 
     def _gaussian(self):
-        return self.likelihood is None or isinstance(self.likelihood, _likelihoods.Gaussian)
+        return self.likelihood == "gaussian"
 
     def _encode_targets(self, y, first_call, classes=None):
         y = as_vector(y, "y")
