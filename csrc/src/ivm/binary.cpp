@@ -29,16 +29,22 @@ using Clock = std::chrono::steady_clock;
 constexpr double kLog2Pi = 1.83787706640934548356;  // log(2 pi)
 
 // Per-point loops of O(1) work (the updates of h, a and the new stub row) go to several threads
-// only from this many points per thread; the ADF scores (a log Phi each) from fewer.
-constexpr index_t kMinUpdatesPerThread = 32768;
-constexpr index_t kMinScoresPerThread = 4096;
+// only from this many points per thread; the ADF scores (a log Phi each) from fewer. Each
+// inclusion runs these loops once, so a region lasts well under a millisecond: on a shared
+// 2-core machine (load 6, bench_ivm) splitting 8000 points over two threads made an inclusion
+// 20x slower (15 ms against 0.7 ms on one thread) as the second thread waited to be scheduled.
+constexpr index_t kMinUpdatesPerThread = 65536;
+constexpr index_t kMinScoresPerThread = 16384;
 // Loops over an [d, n] block (rows of M, the bound's adjoints): columns per task, and tasks of
 // at least this many entries per thread.
 constexpr index_t kColumnBlock = 512;
 constexpr index_t kMinEntriesPerThread = 65536;
-// Selections whose stub matrix has fewer entries run on one thread, BLAS included: their GEMVs
-// and per-point loops are too short to pay for waking a second thread.
-constexpr index_t kOneThreadBelowEntries = index_t{1} << 17;
+// Selections whose stub matrix has fewer entries (d x n, 2^20: n = 8000 at d = 131) run on one
+// thread, BLAS included: their GEMVs and per-point loops are too short to pay for waking a second
+// thread.
+constexpr index_t kOneThreadBelowEntries = index_t{1} << 20;
+// Kernel rows K(x_i, X) of fewer points are evaluated on one thread.
+constexpr index_t kOneThreadKernelRowBelow = index_t{1} << 16;
 // Test points per block of the predictions (the block's [d, T] kernel matrix and solve).
 constexpr index_t kPredictBlock = 2048;
 
@@ -136,7 +142,7 @@ AdfUpdate adf_update(const BinaryLikelihood& lik, double y, double h, double a) 
 
 double selection_score(Criterion criterion, const AdfUpdate& u, double a) {
   const double an = a * u.nu;
-  const double entropy = -0.5 * std::log1p(-an);
+  const double entropy = -0.5 * vmath::log1p(-an);
   if (criterion == Criterion::Entropy) return entropy;
   return std::max(0.0, entropy + 0.5 * (a * u.alpha * u.alpha - an));
 }
@@ -162,6 +168,53 @@ std::uint64_t SplitMix64::below(std::uint64_t bound) {
 
 // ---------------------------------------------------------------------------------------------
 // Incremental representation
+
+namespace {
+
+// Selection scores of the points [j0, j0 + m) (m <= vmath::kLogNormalCdfBlock) into ob; see
+// BinaryIVM::scores.
+PYGPFAST_SIMD_CLONES void score_block(bool probit, Criterion criterion, double s2, double bias, const double* hb,
+                                      const double* ab, const double* yb, const unsigned char* actb, index_t m,
+                                      double* ob) {
+  constexpr index_t kBlock = vmath::kLogNormalCdfBlock;
+  double z[kBlock], sd[kBlock], log_cdf[kBlock], r[kBlock], zr[kBlock];
+  if (probit) {
+    for (index_t i = 0; i < m; ++i) {
+      sd[i] = std::sqrt(s2 + ab[i]);
+      z[i] = yb[i] * (hb[i] + bias) / sd[i];
+    }
+    vmath::log_normal_cdf(z, log_cdf, r, static_cast<long>(m));
+    for (index_t i = 0; i < m; ++i) zr[i] = z[i] + r[i];
+    for (index_t i = 0; i < m; ++i) {
+      if (z[i] < -vmath::kMillsFractionFrom) {
+        double T1, T2;
+        vmath::mills_fraction_tails(-z[i], T1, T2);
+        r[i] = T1 - z[i];
+        zr[i] = T1;
+      }
+    }
+    for (index_t i = 0; i < m; ++i) {
+      const double nu = r[i] * zr[i] / (s2 + ab[i]);
+      const double an = ab[i] * nu;
+      const double entropy = -0.5 * vmath::log1p(-an);
+      const double alpha = r[i] / sd[i];
+      const double kl = std::max(0.0, entropy + 0.5 * (ab[i] * alpha * alpha - an));
+      ob[i] = criterion == Criterion::Entropy ? entropy : kl;
+    }
+  } else {
+    for (index_t i = 0; i < m; ++i) {
+      const double v = s2 + ab[i];
+      const double entropy = 0.5 * vmath::log1p(ab[i] / s2);
+      const double alpha = (yb[i] - bias - hb[i]) / v;
+      const double kl = std::max(0.0, entropy + 0.5 * (ab[i] * alpha * alpha - ab[i] / v));
+      ob[i] = criterion == Criterion::Entropy ? entropy : kl;
+    }
+  }
+  for (index_t i = 0; i < m; ++i)
+    if (actb[i]) ob[i] = -std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
 
 BinaryIVM::BinaryIVM(const kernels::Kernel& kernel, ConstMatrixView X, const double* y,
                      const BinaryLikelihood& lik, index_t capacity)
@@ -197,9 +250,18 @@ void BinaryIVM::scores(Criterion criterion, double* out) const {
   const double* h = h_.data();
   const double* a = a_.data();
   const unsigned char* act = in_active_.data();
-  parallel_for(n_, kMinScoresPerThread, [&](index_t j) noexcept {
-    out[j] = act[j] ? -std::numeric_limits<double>::infinity()
-                    : selection_score(criterion, adf_update(lik_, y_[j], h[j], a[j]), a[j]);
+  const double s2 = lik_.noise_variance, bias = lik_.bias;
+  const bool probit = lik_.kind == BinaryLikelihoodKind::Probit;
+  // Blocks of points: the probit's log Phi and inverse Mills ratios of a block as one array
+  // (vmath::log_normal_cdf's array form overlaps their long chains of operations), the rest as
+  // loops that vectorise; the lower tail z < -4 (rare: confidently misclassified points) by
+  // the continued fraction, one point at a time, as adf_update does.
+  constexpr index_t kBlock = vmath::kLogNormalCdfBlock;
+  const index_t blocks = (n_ + kBlock - 1) / kBlock;
+  parallel_for(blocks, std::max<index_t>(1, kMinScoresPerThread / kBlock), [&](index_t blk) noexcept {
+    const index_t j0 = blk * kBlock;
+    score_block(probit, criterion, s2, bias, h + j0, a + j0, y_ + j0, act + j0, std::min(kBlock, n_ - j0),
+                out + j0);
   });
   stats_.score_seconds += seconds_since(t0);
 }
@@ -226,7 +288,12 @@ void BinaryIVM::grow(index_t j, double b, double pi, double log_z, double score)
 
   // s = K_{.,j} - M^T M_{.,j}: column j of the posterior covariance (note, 1.3 step 1).
   auto t0 = Clock::now();
-  kernel_.K(row_of(X_, j), X_, false, MatrixView(s, 1, n));
+  {
+    // (One row is too short for threads: the kernel would split its copy of X, n x D entries,
+    // over them; at n = 8000 on a loaded 2-core machine that took 95% of an inclusion.)
+    const SingleThreadScope one_row(n < kOneThreadKernelRowBelow);
+    kernel_.K(row_of(X_, j), X_, false, MatrixView(s, 1, n));
+  }
   s[j] = kdiag_[j];  // (K(x_j, x_j) with White's variance: the training matrix's diagonal)
   stats_.kernel_seconds += seconds_since(t0);
   t0 = Clock::now();
