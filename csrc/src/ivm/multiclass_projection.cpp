@@ -149,42 +149,66 @@ ProjectionResult project_constrained_site(int C, const double* h, const double* 
   for (auto& p : pi) p = std::clamp(p, kPiMin, kPiMax);
   ProjectionResult res;
   double f = obj.eval(pi.data(), grad.data(), H.data(), Hv.data());
-  for (int it = 0; it < max_iterations; ++it) {
-    bool ok = newton_direction(C, H.data(), grad.data(), dir.data(), L.data());
-    if (!ok) {
-      ++res.majoriser_steps;
-      ok = newton_direction(C, Hv.data(), grad.data(), dir.data(), L.data());
-      if (!ok)
-        for (int k = 0; k < C; ++k) dir[k] = -grad[k];
+  std::vector<double> dir2(C), trial2(C), Hs(CC);
+  // Armijo backtracking along dir from pi (kept positive); returns the accepted f (or +inf).
+  auto line_search = [&](const std::vector<double>& dv, double dec, std::vector<double>& out) {
+    double t = 1.0;
+    for (int k = 0; k < C; ++k)
+      if (dv[k] < 0.0) t = std::min(t, 0.99 * (pi[k] - 0.5 * kPiMin) / -dv[k]);
+    for (int ls = 0; ls < 60; ++ls) {
+      for (int k = 0; k < C; ++k) out[k] = std::clamp(pi[k] + t * dv[k], kPiMin, kPiMax);
+      const double fn = obj.eval(out.data(), nullptr, nullptr, nullptr);
+      if (fn <= f + 1e-4 * t * dec) return fn;
+      t *= 0.5;
     }
+    return HUGE_VAL;
+  };
+  auto decrement = [&](std::vector<double>& dv) {
     double dec = 0.0;
-    for (int k = 0; k < C; ++k) dec += grad[k] * dir[k];
+    for (int k = 0; k < C; ++k) dec += grad[k] * dv[k];
     if (!(dec < 0.0)) {
       dec = 0.0;
       for (int k = 0; k < C; ++k) {
-        dir[k] = -grad[k];
+        dv[k] = -grad[k];
         dec -= grad[k] * grad[k];
       }
     }
+    return dec;
+  };
+  for (int it = 0; it < max_iterations; ++it) {
+    const bool newton = newton_direction(C, H.data(), grad.data(), dir.data(), L.data());
+    bool shifted = false;
+    if (!newton) {
+      // Indefinite Hessian: the convex majoriser's Newton direction (a CCCP step, always descent),
+      // and the Newton direction of H + tau I (tau grown until positive definite), which escapes
+      // non-convex regions where CCCP steps crawl; the better of the two is taken.
+      ++res.majoriser_steps;
+      if (!newton_direction(C, Hv.data(), grad.data(), dir.data(), L.data()))
+        for (int k = 0; k < C; ++k) dir[k] = -grad[k];
+      double scale = 0.0;
+      for (int k = 0; k < C; ++k) scale = std::max(scale, std::fabs(H[k * C + k]));
+      double tau = 1e-8 * std::max(scale, 1e-300);
+      for (int attempt = 0; attempt < 40 && !shifted; ++attempt, tau *= 4.0) {
+        Hs = H;
+        for (int k = 0; k < C; ++k) Hs[k * C + k] += tau;
+        shifted = newton_direction(C, Hs.data(), grad.data(), dir2.data(), L.data());
+      }
+    }
+    const double dec = decrement(dir);
     if (std::fabs(dec) < 1e-13 * std::max(1.0, std::fabs(f))) {
       res.converged = true;
       break;
     }
-    // Keep pi positive, then backtrack (Armijo).
-    double t = 1.0;
-    for (int k = 0; k < C; ++k)
-      if (dir[k] < 0.0) t = std::min(t, 0.99 * (pi[k] - 0.5 * kPiMin) / -dir[k]);
-    double f_new = HUGE_VAL;
-    bool accepted = false;
-    for (int ls = 0; ls < 60; ++ls) {
-      for (int k = 0; k < C; ++k) trial[k] = std::clamp(pi[k] + t * dir[k], kPiMin, kPiMax);
-      f_new = obj.eval(trial.data(), nullptr, nullptr, nullptr);
-      if (f_new <= f + 1e-4 * t * dec) {
-        accepted = true;
-        break;
+    double f_new = line_search(dir, dec, trial);
+    if (shifted) {
+      const double dec2 = decrement(dir2);
+      const double f2 = line_search(dir2, dec2, trial2);
+      if (f2 < f_new) {
+        f_new = f2;
+        trial = trial2;
       }
-      t *= 0.5;
     }
+    const bool accepted = f_new < HUGE_VAL;
     ++res.iterations;
     if (!accepted) {
       // No decrease representable: at the optimum to rounding.
@@ -192,7 +216,15 @@ ProjectionResult project_constrained_site(int C, const double* h, const double* 
       break;
     }
     pi = trial;
+    const double f_old = f;
     f = obj.eval(pi.data(), grad.data(), H.data(), Hv.data());
+    // An optimum at pi_k -> infinity (f approaching its infimum along a nearly flat direction) never
+    // meets the decrement test: stop once a step gains less than 1e-12 |f| while the
+    // decrement is small.
+    if (f_old - f <= 1e-12 * std::max(1.0, std::fabs(f))) {
+      res.converged = true;
+      break;
+    }
   }
   res.objective = f;
   res.pi = pi;

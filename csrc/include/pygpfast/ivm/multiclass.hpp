@@ -47,7 +47,8 @@ struct ProjectionResult {
 // onto a site of the constrained form: b matches the mean exactly, pi minimises
 // f(pi) by the safeguarded Newton method (full Hessian when positive definite, else the convex
 // majoriser's; Armijo backtracking; pi clipped to [1e-10, 1e10]; stop when the decrement
-// |grad^T step| < 1e-13 max(1, |f|)). pi0 [C] > 0 is the start (the driver uses
+// |grad^T step| < 1e-13 max(1, |f|), or a step gaining < 1e-12 max(1, |f|) with the decrement
+// < 1e-9 max(1, |f|), e.g. when the infimum lies at pi_k -> infinity). pi0 [C] > 0 is the start (the driver uses
 // (e_y + E[softmax]) / 2). Throws std::invalid_argument / LinAlgError for A or A_hat not
 // positive definite.
 ProjectionResult project_constrained_site(int C, const double* h, const double* A, const double* h_hat,
