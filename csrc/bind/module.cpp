@@ -53,4 +53,5 @@ PYBIND11_MODULE(_core, m) {
   pygpfast::bind::bind_svgp_mf(svgp);
   pygpfast::bind::bind_cvi(cvi);
   pygpfast::bind::bind_ivm_binary(ivm);
+  pygpfast::bind::bind_ivm_multiclass(ivm);
 }

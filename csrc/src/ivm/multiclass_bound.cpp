@@ -1,0 +1,416 @@
+// From-scratch representation of the joint multi-class IVM (notes/ivm-math.md section 2.8),
+// prediction (section 2.7) and the seed section-4 bound with its gradient (section 2.8).
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "pygpfast/blas.hpp"
+#include "pygpfast/errors.hpp"
+#include "pygpfast/ivm/multiclass.hpp"
+#include "pygpfast/linalg.hpp"
+#include "pygpfast/threads.hpp"
+#include "small_dense.hpp"
+
+namespace pygpfast::ivm {
+
+namespace {
+
+using blas::Diag;
+using blas::Side;
+using blas::Trans;
+using blas::Uplo;
+
+using Vec = std::vector<double>;
+
+Vec zeros(index_t n) { return Vec(static_cast<std::size_t>(n), 0.0); }
+
+void potrf_or_throw(MatrixView A, const char* what) {
+  const int info = blas::potrf_lower(A);
+  if (info != 0)
+    throw LinAlgError("dpotrf", info,
+                      std::string(what) + " is not positive definite; the active inputs' kernel matrix is too "
+                                          "ill-conditioned: add a White kernel or raise the lengthscale's lower bound");
+  for (index_t i = 0; i < A.rows; ++i)
+    for (index_t j = i + 1; j < A.cols; ++j) A(i, j) = 0.0;
+}
+
+// The small representation for sites (pi, b) on the active inputs X_I (note 2.2, 2.8).
+struct Representation {
+  int C = 0;
+  index_t d = 0;
+  std::vector<Vec> KI;  // per class [d, d] (copies when shared)
+  std::vector<Vec> L, W;
+  Vec sD;               // [C, d] sqrt(pi) class-major
+  Vec R;                // [d, d] lower, R R^T = Gamma = sum_c W^(c)
+  std::vector<Vec> xi;  // per class [d]
+  double logdet_B = 0.0, logdet_Gamma = 0.0, sum_log_alpha = 0.0;
+
+  ConstMatrixView mat(const Vec& v) const { return ConstMatrixView(v.data(), d, d); }
+};
+
+void check_sites(int C, index_t d, const double* pi, const double* b) {
+  for (index_t k = 0; k < d * C; ++k) {
+    require(pi[k] > 0.0 && std::isfinite(pi[k]), "pi must be positive and finite, got pi[", k / C, ", ", k % C,
+            "] = ", pi[k]);
+    require(std::isfinite(b[k]), "b must be finite");
+  }
+}
+
+Representation build_representation(const ClassKernels& kernels, int C, ConstMatrixView XI, const double* pi,
+                                    const double* b) {
+  Representation rep;
+  rep.C = C;
+  const index_t d = XI.rows;
+  rep.d = d;
+  const std::size_t nk = kernels.size();
+  rep.KI.assign(C, zeros(d * d));
+  for (std::size_t k = 0; k < nk; ++k) kernels[k]->K(XI, XI, true, MatrixView(rep.KI[k].data(), d, d));
+  if (nk == 1)
+    for (int c = 1; c < C; ++c) rep.KI[c] = rep.KI[0];
+  rep.sD = zeros(C * d);
+  rep.L.assign(C, zeros(d * d));
+  rep.W.assign(C, zeros(d * d));
+  rep.R = zeros(d * d);
+  Vec X = zeros(d * d);
+  for (int c = 0; c < C; ++c) {
+    double* sD = rep.sD.data() + c * d;
+    for (index_t k = 0; k < d; ++k) sD[k] = std::sqrt(pi[k * C + c]);
+    Vec& Lc = rep.L[c];
+    for (index_t i = 0; i < d; ++i)
+      for (index_t j = 0; j < d; ++j) Lc[i * d + j] = (i == j ? 1.0 : 0.0) + sD[i] * rep.KI[c][i * d + j] * sD[j];
+    potrf_or_throw(MatrixView(Lc.data(), d, d), "B = I + D^1/2 K_I D^1/2");
+    rep.logdet_B += linalg::logdet_from_cholesky(rep.mat(Lc));
+    std::fill(X.begin(), X.end(), 0.0);
+    for (index_t k = 0; k < d; ++k) X[k * d + k] = sD[k];
+    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, rep.mat(Lc), MatrixView(X.data(), d, d));
+    blas::gemm(Trans::Yes, Trans::No, 1.0, ConstMatrixView(X.data(), d, d), ConstMatrixView(X.data(), d, d), 0.0,
+               MatrixView(rep.W[c].data(), d, d));
+    for (index_t k = 0; k < d * d; ++k) rep.R[k] += rep.W[c][k];
+  }
+  potrf_or_throw(MatrixView(rep.R.data(), d, d), "Gamma = sum_c W^(c)");
+  rep.logdet_Gamma = linalg::logdet_from_cholesky(rep.mat(rep.R));
+  for (index_t k = 0; k < d; ++k) {
+    double alpha = 0.0;
+    for (int c = 0; c < C; ++c) alpha += pi[k * C + c];
+    rep.sum_log_alpha += std::log(alpha);
+  }
+  // xi = (I + Pi_I K_I)^{-1} b_I: z = K b, t = W z, w = Gamma^{-1} sum t, xi = b - t + W w.
+  std::vector<Vec> t(C, zeros(d));
+  Vec z = zeros(d), w = zeros(d), bc = zeros(d);
+  for (int c = 0; c < C; ++c) {
+    for (index_t k = 0; k < d; ++k) bc[k] = b[k * C + c];
+    blas::gemv(Trans::No, 1.0, rep.mat(rep.KI[c]), bc.data(), 0.0, z.data());
+    blas::gemv(Trans::No, 1.0, rep.mat(rep.W[c]), z.data(), 0.0, t[c].data());
+    for (index_t k = 0; k < d; ++k) w[k] += t[c][k];
+  }
+  blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, rep.mat(rep.R), w.data());
+  blas::trsv(Uplo::Lower, Trans::Yes, Diag::NonUnit, rep.mat(rep.R), w.data());
+  rep.xi.assign(C, zeros(d));
+  for (int c = 0; c < C; ++c) {
+    for (index_t k = 0; k < d; ++k) rep.xi[c][k] = b[k * C + c] - t[c][k];
+    blas::gemv(Trans::No, 1.0, rep.mat(rep.W[c]), w.data(), 1.0, rep.xi[c].data());
+  }
+  return rep;
+}
+
+void check_kernels(const ClassKernels& kernels, int C, index_t D) {
+  require(C >= 2, "num_classes must be >= 2, got ", C);
+  require(kernels.size() == 1 || kernels.size() == static_cast<std::size_t>(C),
+          "give one kernel shared by all classes or one per class (", C, "), got ", kernels.size());
+  for (const auto* k : kernels) {
+    require(k != nullptr, "null kernel");
+    require(k->input_dim() == D, "the kernel expects ", k->input_dim(), " input columns, the inputs have ", D);
+  }
+}
+
+}  // namespace
+
+void multiclass_predict(const ClassKernels& kernels, int C, ConstMatrixView XI, const double* pi, const double* b,
+                        const double* beta, ConstMatrixView Xnew, CubatureRule rule, double* mean, double* cov,
+                        double* prob) {
+  check_kernels(kernels, C, XI.cols);
+  require(Xnew.cols == XI.cols, "Xnew has ", Xnew.cols, " columns, X_active has ", XI.cols);
+  require(XI.rows >= 1, "the active set is empty");
+  for (int c = 0; c < C; ++c) require(std::isfinite(beta[c]), "beta must be finite");
+  const index_t d = XI.rows, T = Xnew.rows;
+  check_sites(C, d, pi, b);
+  const Representation rep = build_representation(kernels, C, XI, pi, b);
+  Cubature q;
+  if (prob != nullptr) q = make_cubature(rule, C);
+  const std::size_t nk = kernels.size();
+  const index_t CC = static_cast<index_t>(C) * C;
+  constexpr index_t kBlock = 256;
+  Vec Kc = zeros(d * kBlock), Qall = zeros(C * d * kBlock), var = zeros(C * kBlock), kss = zeros(kBlock), mtmp = zeros(kBlock);
+  std::vector<int> failed(static_cast<std::size_t>(kBlock));
+  for (index_t t0 = 0; t0 < T; t0 += kBlock) {
+    const index_t tb = std::min(kBlock, T - t0);
+    const ConstMatrixView Xb(Xnew.row(t0), tb, Xnew.cols, Xnew.ld);
+    for (int c = 0; c < C; ++c) {
+      const kernels::Kernel& kern = *kernels[nk == 1 ? 0 : c];
+      MatrixView Kv(Kc.data(), d, tb);
+      kern.K(XI, Xb, false, Kv);
+      kern.Kdiag(Xb, kss.data());
+      blas::gemv(Trans::Yes, 1.0, Kv, rep.xi[c].data(), 0.0, mtmp.data());
+      for (index_t t = 0; t < tb; ++t) mean[(t0 + t) * C + c] = mtmp[t];
+      // V = L^-1 D^1/2 K;  var = k** - |V|^2;  Q = R^-1 D^1/2 L^-T V.
+      MatrixView V(Qall.data() + c * d * tb, d, tb);
+      const double* sD = rep.sD.data() + c * d;
+      for (index_t k = 0; k < d; ++k)
+        for (index_t t = 0; t < tb; ++t) V(k, t) = sD[k] * Kv(k, t);
+      blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, rep.mat(rep.L[c]), V);
+      for (index_t t = 0; t < tb; ++t) var[c * tb + t] = kss[t];
+      for (index_t k = 0; k < d; ++k)
+        for (index_t t = 0; t < tb; ++t) var[c * tb + t] -= V(k, t) * V(k, t);
+      blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, rep.mat(rep.L[c]), V);
+      for (index_t k = 0; k < d; ++k)
+        for (index_t t = 0; t < tb; ++t) V(k, t) *= sD[k];
+      blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, rep.mat(rep.R), V);
+    }
+    parallel_for(tb, 16, [&](index_t t) {
+      std::vector<double> At(static_cast<std::size_t>(CC)), Lt(static_cast<std::size_t>(CC));
+      for (int c = 0; c < C; ++c)
+        for (int e = 0; e <= c; ++e) {
+          double s = c == e ? var[c * tb + t] : 0.0;
+          const double* qc = Qall.data() + c * d * tb + t;
+          const double* qe = Qall.data() + e * d * tb + t;
+          for (index_t k = 0; k < d; ++k) s += qc[k * tb] * qe[k * tb];
+          At[c * C + e] = At[e * C + c] = s;
+        }
+      if (cov != nullptr) std::copy(At.begin(), At.end(), cov + (t0 + t) * CC);
+      failed[t] = 0;
+      if (prob != nullptr) {
+        if (!small::cholesky(C, At.data(), Lt.data())) {
+          failed[t] = 1;
+          return;
+        }
+        std::vector<double> work(static_cast<std::size_t>(cubature_work_size(q)));
+        softmax_expected_probabilities(q, mean + (t0 + t) * C, Lt.data(), beta, prob + (t0 + t) * C, work.data());
+      }
+    });
+    for (index_t t = 0; t < tb; ++t)
+      if (failed[t])
+        throw LinAlgError("ivm.multiclass_predict", 1,
+                          "the predictive covariance at Xnew row " + std::to_string(t0 + t) + " is not positive definite");
+  }
+}
+
+BoundResult multiclass_bound(const ClassKernels& kernels, int C, ConstMatrixView X, const double* y,
+                             const index_t* active, index_t d, const double* pi, const double* b, const double* beta,
+                             CubatureRule rule, const std::vector<double*>* d_kernel, double* d_beta) {
+  check_kernels(kernels, C, X.cols);
+  const index_t n = X.rows;
+  require(d >= 1 && d <= n, "the active set must hold 1..n points, got ", d);
+  for (index_t j = 0; j < n; ++j) {
+    require(y[j] >= 0.0 && y[j] < C && y[j] == std::floor(y[j]), "y must hold class labels 0..", C - 1, ", got y[", j,
+            "] = ", y[j]);
+    for (index_t k = 0; k < X.cols; ++k) require(std::isfinite(X(j, k)), "X has a non-finite entry at (", j, ", ", k, ")");
+  }
+  {
+    std::vector<char> seen(static_cast<std::size_t>(n), 0);
+    for (index_t k = 0; k < d; ++k) {
+      require(active[k] >= 0 && active[k] < n, "active[", k, "] = ", active[k], " is not a row of X");
+      require(!seen[active[k]], "active holds row ", active[k], " twice");
+      seen[active[k]] = 1;
+    }
+  }
+  for (int c = 0; c < C; ++c) require(std::isfinite(beta[c]), "beta must be finite");
+  check_sites(C, d, pi, b);
+  const std::size_t nk = kernels.size();
+  if (d_kernel != nullptr) {
+    require(d_kernel->size() == nk, "d_kernel must hold one pointer per kernel");
+    for (std::size_t k = 0; k < nk; ++k) std::fill((*d_kernel)[k], (*d_kernel)[k] + kernels[k]->num_params(), 0.0);
+  }
+  const Cubature q = make_cubature(rule, C);
+  const index_t D = X.cols, CC = static_cast<index_t>(C) * C;
+  Vec XIv = zeros(d * D);
+  for (index_t k = 0; k < d; ++k) std::copy(X.row(active[k]), X.row(active[k]) + D, XIv.data() + k * D);
+  const ConstMatrixView XI(XIv.data(), d, D);
+  const Representation rep = build_representation(kernels, C, XI, pi, b);
+  auto dd = [&](const Vec& v) { return rep.mat(v); };
+
+  // Stubs from scratch: M = L^-1 D^1/2 K_{I,.}, a0 = diag K - |M|^2, Y = D^1/2 L^-T M, Q = R^-1 Y, h = K_{.,I} xi.
+  std::vector<Vec> kdiag(nk, zeros(n));
+  for (std::size_t k = 0; k < nk; ++k) kernels[k]->Kdiag(X, kdiag[k].data());
+  std::vector<Vec> Y(C, zeros(d * n)), Q(C, zeros(d * n));
+  Vec a0 = zeros(C * n), h = zeros(C * n), KIn = zeros(d * n);
+  for (int c = 0; c < C; ++c) {
+    const std::size_t kc = nk == 1 ? 0 : c;
+    if (c == 0 || nk > 1) {
+      kernels[kc]->K(XI, X, false, MatrixView(KIn.data(), d, n));
+      for (index_t k = 0; k < d; ++k) KIn[k * n + active[k]] = kdiag[kc][active[k]];
+    }
+    blas::gemv(Trans::Yes, 1.0, ConstMatrixView(KIn.data(), d, n), rep.xi[c].data(), 0.0, h.data() + c * n);
+    MatrixView Yc(Y[c].data(), d, n);
+    const double* sD = rep.sD.data() + c * d;
+    for (index_t k = 0; k < d; ++k)
+      for (index_t j = 0; j < n; ++j) Yc(k, j) = sD[k] * KIn[k * n + j];
+    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, dd(rep.L[c]), Yc);
+    double* a = a0.data() + c * n;
+    for (index_t j = 0; j < n; ++j) a[j] = kdiag[kc][j];
+    for (index_t k = 0; k < d; ++k)
+      for (index_t j = 0; j < n; ++j) a[j] -= Yc(k, j) * Yc(k, j);
+    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, dd(rep.L[c]), Yc);
+    for (index_t k = 0; k < d; ++k)
+      for (index_t j = 0; j < n; ++j) Yc(k, j) *= sD[k];
+    std::copy(Y[c].begin(), Y[c].end(), Q[c].begin());
+    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, dd(rep.R), MatrixView(Q[c].data(), d, n));
+  }
+
+  // Data term per point, with g_h [n, C] and G_A [n, C, C].
+  Vec val = zeros(n), gh = zeros(n * C), GA = zeros(n * CC);
+  std::vector<int> failed(static_cast<std::size_t>(n), 0);
+  parallel_for(n, 16, [&](index_t j) {
+    std::vector<double> hj(C), Aj(CC), Lj(CC), work(static_cast<std::size_t>(cubature_work_size(q)));
+    for (int c = 0; c < C; ++c) {
+      hj[c] = h[c * n + j];
+      for (int e = 0; e <= c; ++e) {
+        double s = c == e ? a0[c * n + j] : 0.0;
+        for (index_t k = 0; k < d; ++k) s += Q[c][k * n + j] * Q[e][k * n + j];
+        Aj[c * C + e] = Aj[e * C + c] = s;
+      }
+    }
+    if (!small::cholesky(C, Aj.data(), Lj.data())) {
+      failed[j] = 1;
+      return;
+    }
+    softmax_expected_nll(q, static_cast<int>(y[j]), hj.data(), Lj.data(), beta, &val[j], gh.data() + j * C,
+                         GA.data() + j * CC, work.data());
+  });
+  for (index_t j = 0; j < n; ++j)
+    if (failed[j])
+      throw LinAlgError("ivm.multiclass_bound", 1,
+                        "the marginal covariance of point " + std::to_string(j) + " is not positive definite");
+  BoundResult res;
+  res.expected_nll = linalg::fixed_order_sum(val.data(), n);
+  // KL = [sum_c (xi^T K xi - tr(W^(c,c) K)) + log|I + K Pi|] / 2, tr(W^(c,c) K) = tr(W K) - tr(Gamma^-1 W K W).
+  Vec Ginv = rep.R;
+  {
+    const int info = blas::potri_lower(MatrixView(Ginv.data(), d, d));
+    if (info != 0) throw LinAlgError("dpotri", info, "Gamma could not be inverted");
+    linalg::mirror_lower(MatrixView(Ginv.data(), d, d));
+  }
+  std::vector<Vec> P(C, zeros(d * d)), WK(C, zeros(d * d));
+  Vec Kxi = zeros(d), tmp = zeros(d * d);
+  double kl2 = rep.logdet_B + rep.logdet_Gamma - rep.sum_log_alpha;
+  for (int c = 0; c < C; ++c) {
+    blas::gemm(Trans::No, Trans::No, 1.0, dd(rep.W[c]), dd(rep.KI[c]), 0.0, MatrixView(WK[c].data(), d, d));
+    blas::gemm(Trans::No, Trans::No, 1.0, dd(WK[c]), dd(rep.W[c]), 0.0, MatrixView(P[c].data(), d, d));
+    blas::gemv(Trans::No, 1.0, dd(rep.KI[c]), rep.xi[c].data(), 0.0, Kxi.data());
+    double trWK = 0.0, trGP = 0.0;
+    for (index_t k = 0; k < d; ++k) {
+      trWK += WK[c][k * d + k];
+      kl2 += rep.xi[c][k] * Kxi[k];
+      for (index_t l = 0; l < d; ++l) trGP += Ginv[k * d + l] * P[c][l * d + k];
+    }
+    kl2 -= trWK - trGP;
+  }
+  res.kl = 0.5 * kl2;
+  res.value = res.expected_nll + res.kl;
+
+  if (d_beta != nullptr)
+    for (int c = 0; c < C; ++c) {
+      double s = 0.0;
+      for (index_t j = 0; j < n; ++j) s += gh[j * C + c];
+      d_beta[c] = s;
+    }
+  if (d_kernel == nullptr) return res;
+
+  // ---- Gradient (note 2.8). ----
+  // rg = R^-T sum_e Q^(e) g_h^(e);  U^(c) = sum_e Q^(e) diag(G_A[c, e]);  S_Q = sum_c Q^(c) U^(c)T.
+  Vec rg = zeros(d), ghc = zeros(n);
+  for (int e = 0; e < C; ++e) {
+    for (index_t j = 0; j < n; ++j) ghc[j] = gh[j * C + e];
+    blas::gemv(Trans::No, 1.0, ConstMatrixView(Q[e].data(), d, n), ghc.data(), 1.0, rg.data());
+  }
+  blas::trsv(Uplo::Lower, Trans::Yes, Diag::NonUnit, dd(rep.R), rg.data());
+  std::vector<Vec> U(C, zeros(d * n));
+  parallel_for(d, 4, [&](index_t k) {
+    for (int c = 0; c < C; ++c) {
+      double* u = U[c].data() + k * n;
+      for (int e = 0; e < C; ++e) {
+        const double* qe = Q[e].data() + k * n;
+        for (index_t j = 0; j < n; ++j) u[j] += qe[j] * GA[j * CC + c * C + e];
+      }
+    }
+  });
+  Vec SQ = zeros(d * d);
+  for (int c = 0; c < C; ++c)
+    blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(Q[c].data(), d, n), ConstMatrixView(U[c].data(), d, n), 1.0,
+               MatrixView(SQ.data(), d, d));
+  // sum_e P^(e) and zeta's coupling term w = Gamma^-1 sum_e W^(e) K^(e) xi^(e).
+  Vec sumP = zeros(d * d), wz = zeros(d), zc = zeros(d);
+  for (int e = 0; e < C; ++e) {
+    for (index_t k = 0; k < d * d; ++k) sumP[k] += P[e][k];
+    blas::gemv(Trans::No, 1.0, dd(WK[e]), rep.xi[e].data(), 1.0, wz.data());
+  }
+  {
+    Vec t2 = wz;
+    blas::gemv(Trans::No, 1.0, dd(Ginv), t2.data(), 0.0, wz.data());
+  }
+  Vec Z = zeros(d * n), E = zeros(d * d), GW = zeros(d * d), A1 = zeros(d * d), A2 = zeros(d * d), zeta = zeros(d),
+      cvec = zeros(d), RU = zeros(d * n), YG = zeros(d * n), zdiag = zeros(d), gcc = zeros(n);
+  for (int c = 0; c < C; ++c) {
+    const Vec& Wc = rep.W[c];
+    const Vec& xi = rep.xi[c];
+    for (index_t j = 0; j < n; ++j) {
+      ghc[j] = gh[j * C + c];
+      gcc[j] = GA[j * CC + c * C + c];
+    }
+    // c-vector = Y g_h^(c) - W rg
+    blas::gemv(Trans::No, 1.0, ConstMatrixView(Y[c].data(), d, n), ghc.data(), 0.0, cvec.data());
+    blas::gemv(Trans::No, -1.0, dd(Wc), rg.data(), 1.0, cvec.data());
+    // YG = Y diag(G_cc);  RU = R^-T U^(c)
+    for (index_t k = 0; k < d; ++k)
+      for (index_t j = 0; j < n; ++j) YG[k * n + j] = Y[c][k * n + j] * gcc[j];
+    RU = U[c];
+    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, dd(rep.R), MatrixView(RU.data(), d, n));
+    // Z = xi g_h^T - 2 [Y diag(G_cc) - W R^-T U]
+    for (index_t k = 0; k < d; ++k)
+      for (index_t j = 0; j < n; ++j) Z[k * n + j] = xi[k] * ghc[j] - 2.0 * YG[k * n + j];
+    blas::gemm(Trans::No, Trans::No, 2.0, dd(Wc), ConstMatrixView(RU.data(), d, n), 1.0, MatrixView(Z.data(), d, n));
+    // E = -c xi^T + Y diag(G_cc) Y^T - T - T^T + W R^-T S_Q R^-1 W + KL part, T = Y U^T R^-1 W.
+    blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(YG.data(), d, n), ConstMatrixView(Y[c].data(), d, n), 0.0,
+               MatrixView(E.data(), d, d));
+    for (index_t k = 0; k < d; ++k)
+      for (index_t l = 0; l < d; ++l) E[k * d + l] -= cvec[k] * xi[l];
+    // GW = R^-1 W  (so T = Y U^T GW... with R^-1 W = GW: T = (Y U^T) R^-1 W)
+    GW = Wc;
+    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, dd(rep.R), MatrixView(GW.data(), d, d));
+    blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(Y[c].data(), d, n), ConstMatrixView(U[c].data(), d, n), 0.0,
+               MatrixView(A1.data(), d, d));
+    blas::gemm(Trans::No, Trans::No, 1.0, dd(A1), dd(GW), 0.0, MatrixView(A2.data(), d, d));  // T
+    for (index_t k = 0; k < d; ++k)
+      for (index_t l = 0; l < d; ++l) E[k * d + l] -= A2[k * d + l] + A2[l * d + k];
+    blas::gemm(Trans::No, Trans::No, 1.0, dd(SQ), dd(GW), 0.0, MatrixView(A1.data(), d, d));
+    blas::gemm(Trans::Yes, Trans::No, 1.0, dd(GW), dd(A1), 1.0, MatrixView(E.data(), d, d));
+    // KL part: (WKW)^(c,c) = P - P G^-1 W - W G^-1 P + W G^-1 sumP G^-1 W;  zeta = W K xi - W wz.
+    const Vec& Pc = P[c];
+    blas::gemm(Trans::No, Trans::No, 1.0, dd(Ginv), dd(Wc), 0.0, MatrixView(A1.data(), d, d));  // G^-1 W
+    blas::gemm(Trans::No, Trans::No, 1.0, dd(Pc), dd(A1), 0.0, MatrixView(A2.data(), d, d));     // P G^-1 W
+    for (index_t k = 0; k < d; ++k)
+      for (index_t l = 0; l < d; ++l) E[k * d + l] += 0.5 * (Pc[k * d + l] - A2[k * d + l] - A2[l * d + k]);
+    blas::gemm(Trans::No, Trans::No, 1.0, dd(sumP), dd(A1), 0.0, MatrixView(A2.data(), d, d));   // sumP G^-1 W
+    blas::gemm(Trans::Yes, Trans::No, 0.5, dd(A1), dd(A2), 1.0, MatrixView(E.data(), d, d));    // (G^-1 W)^T ...
+    blas::gemv(Trans::No, 1.0, dd(WK[c]), xi.data(), 0.0, zeta.data());
+    blas::gemv(Trans::No, -1.0, dd(Wc), wz.data(), 1.0, zeta.data());
+    for (index_t k = 0; k < d; ++k)
+      for (index_t l = 0; l < d; ++l)
+        E[k * d + l] += 0.5 * (xi[k] * xi[l] - zeta[k] * xi[l] - xi[k] * zeta[l]);
+    (void)zc;
+    // Vector-Jacobian products into the class's kernel.
+    const std::size_t kc = nk == 1 ? 0 : c;
+    double* dpar = (*d_kernel)[kc];
+    for (index_t k = 0; k < d; ++k) {  // entries (k, I_k) of K_{I,.} are diag K (a White kernel's variance)
+      zdiag[k] = Z[k * n + active[k]];
+      Z[k * n + active[k]] = 0.0;
+    }
+    kernels[kc]->K_vjp(XI, X, false, ConstMatrixView(Z.data(), d, n), dpar, nullptr, nullptr);
+    kernels[kc]->Kdiag_vjp(XI, zdiag.data(), dpar);
+    kernels[kc]->K_vjp(XI, XI, true, dd(E), dpar, nullptr, nullptr);
+    kernels[kc]->Kdiag_vjp(X, gcc.data(), dpar);
+  }
+  return res;
+}
+
+}  // namespace pygpfast::ivm

@@ -1,0 +1,499 @@
+// Greedy selection of the joint multi-class IVM: the stub buffers M^(c), Q^(c), their update
+// per inclusion (notes/ivm-math.md section 2.3), scoring by information gain (section 2.6) and
+// the selection index J of seed Algorithm 1.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "pygpfast/blas.hpp"
+#include "pygpfast/errors.hpp"
+#include "pygpfast/ivm/multiclass.hpp"
+#include "pygpfast/threads.hpp"
+#include "small_dense.hpp"
+
+namespace pygpfast::ivm {
+
+namespace {
+
+// xoshiro256** seeded through splitmix64: the same stream on every platform.
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) {
+    for (auto& s : s_) {
+      seed += 0x9E3779B97F4A7C15ULL;
+      std::uint64_t z = seed;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+      s = z ^ (z >> 31);
+    }
+  }
+  std::uint64_t next() {
+    const std::uint64_t result = rotl(s_[1] * 5, 7) * 9;
+    const std::uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = rotl(s_[3], 45);
+    return result;
+  }
+  // Uniform on [0, n) without modulo bias (rejection).
+  index_t below(index_t n) {
+    const std::uint64_t un = static_cast<std::uint64_t>(n);
+    const std::uint64_t limit = std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % un;
+    std::uint64_t r;
+    do r = next();
+    while (r >= limit);
+    return static_cast<index_t>(r % un);
+  }
+
+ private:
+  static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  std::uint64_t s_[4];
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+constexpr index_t kColumnBlock = 512;
+
+// The representation and the stub buffers of the selection (note 2.2), all row-major.
+struct Stubs {
+  index_t n, dmax;
+  int C;
+  index_t d = 0;
+  std::vector<std::vector<double>> M, Q, L;  // per class: [dmax, n], [dmax, n], [dmax, dmax]
+  std::vector<double> R;                     // [dmax, dmax] lower, R R^T = Gamma
+  std::vector<double> a0, h;                 // [C, n]: diag A^(c) (uncoupled part), means
+  std::vector<double> pi;                    // [dmax, C]
+  std::vector<index_t> active;
+
+  Stubs(index_t n_, index_t dmax_, int C_) : n(n_), dmax(dmax_), C(C_) {
+    M.assign(C, std::vector<double>(static_cast<std::size_t>(dmax * n)));
+    Q.assign(C, std::vector<double>(static_cast<std::size_t>(dmax * n)));
+    L.assign(C, std::vector<double>(static_cast<std::size_t>(dmax * dmax), 0.0));
+    R.assign(static_cast<std::size_t>(dmax * dmax), 0.0);
+    a0.assign(static_cast<std::size_t>(C * n), 0.0);
+    h.assign(static_cast<std::size_t>(C * n), 0.0);
+    pi.assign(static_cast<std::size_t>(dmax * C), 0.0);
+  }
+
+  // h_j [C], A_j [C, C] from the stubs: O(C^2 d).
+  void marginal(index_t j, double* hj, double* Aj) const {
+    for (int c = 0; c < C; ++c) {
+      hj[c] = h[c * n + j];
+      for (int e = 0; e <= c; ++e) {
+        const double* qc = Q[c].data() + j;
+        const double* qe = Q[e].data() + j;
+        double s = c == e ? a0[c * n + j] : 0.0;
+        for (index_t k = 0; k < d; ++k) s += qc[k * n] * qe[k * n];
+        Aj[c * C + e] = s;
+        Aj[e * C + c] = s;
+      }
+    }
+  }
+
+  // Inclusion of point i with site pi_i [C] and mean step kappa [C] (kappa = g after the
+  // projection), given the kernel columns kcol[c] = K^(c)(X, x_i) [n] (note 2.3).
+  void include(index_t i, const double* pi_i, const double* kappa, const std::vector<const double*>& kcol) {
+    const index_t dd = d;
+    std::vector<double> s(static_cast<std::size_t>(C * n)), m(static_cast<std::size_t>(C * dd)),
+        v(static_cast<std::size_t>(C * dd)), w(static_cast<std::size_t>(C * dd)),
+        delta(static_cast<std::size_t>(C * dd)), gamma(static_cast<std::size_t>(C * dd)), nu(C), lam(C),
+        u(static_cast<std::size_t>(dd)), tmp(static_cast<std::size_t>(dd));
+    // 1. Binary quantities per class: s_c = K^(c)_{.,i} - M^(c)T M^(c)_{.,i}.
+    for (int c = 0; c < C; ++c) {
+      double* sc = s.data() + c * n;
+      std::copy(kcol[c], kcol[c] + n, sc);
+      for (index_t k = 0; k < dd; ++k) {
+        m[c * dd + k] = M[c][k * n + i];
+        v[c * dd + k] = Q[c][k * n + i];
+      }
+      if (dd > 0)
+        blas::gemv(blas::Trans::Yes, -1.0, ConstMatrixView(M[c].data(), dd, n), m.data() + c * dd, 1.0, sc);
+      const double a = sc[i];
+      lam[c] = std::sqrt(1.0 + pi_i[c] * a);
+      nu[c] = pi_i[c] / (lam[c] * lam[c]);
+    }
+    // 2. Means with the old Q: h^(c) += kappa_c s_c + Q^(c)T sum_e kappa_e v_e.
+    std::fill(u.begin(), u.end(), 0.0);
+    for (int e = 0; e < C; ++e)
+      for (index_t k = 0; k < dd; ++k) u[k] += kappa[e] * v[e * dd + k];
+    for (int c = 0; c < C; ++c) {
+      double* hc = h.data() + c * n;
+      const double* sc = s.data() + c * n;
+      for (index_t j = 0; j < n; ++j) hc[j] += kappa[c] * sc[j];
+      if (dd > 0) blas::gemv(blas::Trans::Yes, 1.0, ConstMatrixView(Q[c].data(), dd, n), u.data(), 1.0, hc);
+    }
+    // 3. Factors Lambda_k (Lambda_k Lambda_k^T = I + w_k w_k^T, w_k = sqrt(nu_k) (Lambda_1..Lambda_{k-1})^{-1} v_k)
+    //    with Lambda_jj = delta_j, Lambda_jl = w_j gamma_l (j > l).
+    auto apply_inverse = [&](int k, double* x) {  // x <- Lambda_k^{-1} x
+      const double* wk = w.data() + k * dd;
+      const double* dk = delta.data() + k * dd;
+      const double* gk = gamma.data() + k * dd;
+      double acc = 0.0;
+      for (index_t j = 0; j < dd; ++j) {
+        x[j] = (x[j] - wk[j] * acc) / dk[j];
+        acc += gk[j] * x[j];
+      }
+    };
+    for (int k = 0; k < C; ++k) {
+      double* wk = w.data() + k * dd;
+      const double sn = std::sqrt(nu[k]);
+      for (index_t j = 0; j < dd; ++j) wk[j] = sn * v[k * dd + j];
+      for (int l = 0; l < k; ++l) apply_inverse(l, wk);
+      double sigma = 1.0;
+      for (index_t j = 0; j < dd; ++j) {
+        const double dj = std::sqrt(1.0 + sigma * wk[j] * wk[j]);
+        delta[k * dd + j] = dj;
+        gamma[k * dd + j] = sigma * wk[j] / dj;
+        sigma /= dj * dj;
+      }
+    }
+    //    R'_11 = R Lambda_1 ... Lambda_C, row by row: (x^T Lambda)_l = x_l delta_l + gamma_l sum_{j>l} x_j w_j.
+    for (index_t r = 0; r < dd; ++r) {
+      double* x = R.data() + r * dmax;
+      for (int k = 0; k < C; ++k) {
+        const double* wk = w.data() + k * dd;
+        const double* dk = delta.data() + k * dd;
+        const double* gk = gamma.data() + k * dd;
+        double suffix = 0.0;
+        for (index_t l = r; l >= 0; --l) {
+          const double xl = x[l];
+          x[l] = xl * dk[l] + gk[l] * suffix;
+          suffix += xl * wk[l];
+        }
+      }
+    }
+    // 4. Old rows of Q: Q^(c) <- Lambda^{-1} (Q^(c) - nu_c v_c s_c^T), all C factors fused in one pass
+    //    over each class's buffer, in column blocks (independent: the thread count changes nothing).
+    if (dd > 0) {
+      const index_t nblocks = (n + kColumnBlock - 1) / kColumnBlock;
+      parallel_for(nblocks * C, 1, [&](index_t task) {
+        const int c = static_cast<int>(task / nblocks);
+        const index_t j0 = (task % nblocks) * kColumnBlock, j1 = std::min(n, j0 + kColumnBlock);
+        const index_t nb = j1 - j0;
+        double acc[kColumnBlock * 8];
+        double* Qc = Q[c].data();
+        const double* sc = s.data() + c * n + j0;
+        const double nuc = nu[c];
+        // One accumulator row per factor: on the stack up to 8 classes, on the heap above.
+        std::vector<double> acc_heap;
+        double* accp = acc;
+        if (C > 8) {
+          acc_heap.assign(static_cast<std::size_t>(C * nb), 0.0);
+          accp = acc_heap.data();
+        } else {
+          std::fill(acc, acc + C * nb, 0.0);
+        }
+        for (index_t j = 0; j < dd; ++j) {
+          double* row = Qc + j * n + j0;
+          const double vj = nuc * v[c * dd + j];
+          for (index_t t = 0; t < nb; ++t) row[t] -= vj * sc[t];
+          for (int k = 0; k < C; ++k) {
+            const double wkj = w[k * dd + j], inv = 1.0 / delta[k * dd + j], gkj = gamma[k * dd + j];
+            double* ak = accp + k * nb;
+#pragma omp simd
+            for (index_t t = 0; t < nb; ++t) {
+              const double x = (row[t] - wkj * ak[t]) * inv;
+              row[t] = x;
+              ak[t] += gkj * x;
+            }
+          }
+        }
+      });
+    }
+    // 5. New row: r = R'_11^{-1} (-sum_c nu_c y_c), y_c = D^(c)_I s_c[I]; rho^2 = sum nu - r^T r.
+    std::vector<double> r(static_cast<std::size_t>(dd), 0.0);
+    double sum_nu = 0.0;
+    for (int c = 0; c < C; ++c) {
+      sum_nu += nu[c];
+      for (index_t k = 0; k < dd; ++k) r[k] -= nu[c] * pi[k * C + c] * s[c * n + active[k]];
+    }
+    if (dd > 0)
+      blas::trsv(blas::Uplo::Lower, blas::Trans::No, blas::Diag::NonUnit, ConstMatrixView(R.data(), dd, dd, dmax),
+                 r.data());
+    double rho2 = sum_nu;
+    for (index_t k = 0; k < dd; ++k) rho2 -= r[k] * r[k];
+    if (!(rho2 > 0.0) || !std::isfinite(rho2))
+      throw LinAlgError("ivm.multiclass_select", static_cast<int>(dd + 1),
+                        "the coupling factor R lost positive definiteness at inclusion " + std::to_string(dd + 1) +
+                            " (rho^2 = " + format_value(rho2) +
+                            "); the kernel matrix is too ill-conditioned: add a White kernel or raise the lengthscale's lower bound");
+    const double rho = std::sqrt(rho2);
+    for (index_t k = 0; k < dd; ++k) R[dd * dmax + k] = r[k];
+    R[dd * dmax + dd] = rho;
+    for (int c = 0; c < C; ++c) {
+      double* qrow = Q[c].data() + dd * n;
+      const double* sc = s.data() + c * n;
+      for (index_t j = 0; j < n; ++j) qrow[j] = nu[c] * sc[j];
+      if (dd > 0) blas::gemv(blas::Trans::Yes, -1.0, ConstMatrixView(Q[c].data(), dd, n), r.data(), 1.0, qrow);
+      const double inv = 1.0 / rho;
+      for (index_t j = 0; j < n; ++j) qrow[j] *= inv;
+    }
+    // 6. Binary parts: rows of L^(c) and M^(c), the uncoupled variances.
+    for (int c = 0; c < C; ++c) {
+      double* lrow = L[c].data() + dd * dmax;
+      const double sp = std::sqrt(pi_i[c]);
+      for (index_t k = 0; k < dd; ++k) lrow[k] = sp * m[c * dd + k];
+      lrow[dd] = lam[c];
+      double* mrow = M[c].data() + dd * n;
+      const double* sc = s.data() + c * n;
+      const double sn = std::sqrt(nu[c]);
+      double* a = a0.data() + c * n;
+      for (index_t j = 0; j < n; ++j) {
+        mrow[j] = sn * sc[j];
+        a[j] -= nu[c] * sc[j] * sc[j];
+      }
+      pi[dd * C + c] = pi_i[c];
+    }
+    active.push_back(i);
+    d = dd + 1;
+  }
+
+  // h [n, C], A [n, C, C] of every point.
+  void all_marginals(double* hout, double* Aout) const {
+    const index_t CC = static_cast<index_t>(C) * C;
+    parallel_for(n, 64, [&](index_t j) { marginal(j, hout + j * C, Aout + j * CC); });
+  }
+};
+
+// Information gain D[N(h_hat, A_hat) || N(h, A)] of a candidate, or -inf when its moments are
+// not valid. status: 0 ok, 1 A_j not positive definite, 2 the primary rule failed (fallback used),
+// 3 no rule gave valid moments.
+struct Scorer {
+  int C;
+  const Cubature& primary;
+  const Cubature* fallback;
+  const double* beta;
+
+  int tilted(int y, const double* hj, const double* Lj, double* mean_hat, double* cov_hat, double* p_cav,
+             double* log_Z, std::vector<double>& work) const {
+    work.resize(static_cast<std::size_t>(
+        std::max(cubature_work_size(primary), fallback ? cubature_work_size(*fallback) : index_t{0})));
+    if (softmax_tilted_moments(primary, y, hj, Lj, beta, mean_hat, cov_hat, p_cav, log_Z, work.data())) return 0;
+    if (fallback != nullptr &&
+        softmax_tilted_moments(*fallback, y, hj, Lj, beta, mean_hat, cov_hat, p_cav, log_Z, work.data()))
+      return 2;
+    return 3;
+  }
+
+  double score(const Stubs& st, index_t j, int y, int& status) const {
+    const std::size_t CC = static_cast<std::size_t>(C * C);
+    std::vector<double> hj(C), Aj(CC), Lj(CC), mh(C), Ah(CC), Lh(CC), p(C), col(C), work;
+    double log_Z = 0.0;
+    st.marginal(j, hj.data(), Aj.data());
+    if (!small::cholesky(C, Aj.data(), Lj.data())) {
+      status = 1;
+      return -HUGE_VAL;
+    }
+    status = tilted(y, hj.data(), Lj.data(), mh.data(), Ah.data(), p.data(), &log_Z, work);
+    if (status == 3) return -HUGE_VAL;
+    small::cholesky(C, Ah.data(), Lh.data());
+    // tr(A^{-1} A_hat) + (h_hat - h)^T A^{-1} (h_hat - h)
+    double tr = 0.0;
+    for (int e = 0; e < C; ++e) {
+      for (int c = 0; c < C; ++c) col[c] = Ah[c * C + e];
+      small::solve_cholesky(C, Lj.data(), col.data());
+      tr += col[e];
+    }
+    for (int c = 0; c < C; ++c) col[c] = mh[c] - hj[c];
+    small::solve_lower(C, Lj.data(), col.data());
+    double maha = 0.0;
+    for (int c = 0; c < C; ++c) maha += col[c] * col[c];
+    return 0.5 * (tr - C + maha + small::logdet_cholesky(C, Lj.data()) - small::logdet_cholesky(C, Lh.data()));
+  }
+};
+
+}  // namespace
+
+Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, const double* y, const double* beta,
+                            const SelectOptions& opt) {
+  const int C = opt.num_classes;
+  const index_t n = X.rows, d = opt.active_size;
+  require(C >= 2, "num_classes must be >= 2, got ", C);
+  require(n >= 1, "X must have at least one row");
+  require(d >= 1 && d <= n, "active_size must be in [1, n] = [1, ", n, "], got ", d);
+  require(opt.n_random >= 0 && opt.n_random <= d, "n_random must be in [0, active_size], got ", opt.n_random);
+  require(opt.keep_fraction >= 0.0 && opt.keep_fraction <= 1.0, "keep_fraction must be in [0, 1], got ",
+          opt.keep_fraction);
+  require(opt.selection_size >= 0, "selection_size must be >= 0 (0: ceil(n / C)), got ", opt.selection_size);
+  require(opt.max_newton >= 1, "max_newton must be >= 1, got ", opt.max_newton);
+  require(kernels.size() == 1 || kernels.size() == static_cast<std::size_t>(C),
+          "give one kernel shared by all classes or one per class (", C, "), got ", kernels.size());
+  for (const auto* k : kernels) {
+    require(k != nullptr, "null kernel");
+    require(k->input_dim() == X.cols, "the kernel expects ", k->input_dim(), " input columns, X has ", X.cols);
+  }
+  for (index_t j = 0; j < n; ++j) {
+    const double v = y[j];
+    require(v >= 0.0 && v < C && v == std::floor(v), "y must hold class labels 0..", C - 1, ", got y[", j, "] = ", v);
+    for (index_t k = 0; k < X.cols; ++k) require(std::isfinite(X(j, k)), "X has a non-finite entry at (", j, ", ", k, ")");
+  }
+  for (int c = 0; c < C; ++c) require(std::isfinite(beta[c]), "beta must be finite");
+
+  const Cubature primary = make_cubature(opt.rule, C);
+  Cubature fallback_rule;
+  const Cubature* fallback = nullptr;
+  if (opt.rule != CubatureRule::GaussHermite3 && C <= kMaxGaussHermite3Dim) {
+    fallback_rule = make_cubature(CubatureRule::GaussHermite3, C);
+    fallback = &fallback_rule;
+  }
+  const Scorer scorer{C, primary, fallback, beta};
+
+  const std::size_t nk = kernels.size();
+  std::vector<std::vector<double>> kdiag(nk, std::vector<double>(static_cast<std::size_t>(n)));
+  for (std::size_t k = 0; k < nk; ++k) kernels[k]->Kdiag(X, kdiag[k].data());
+  Stubs st(n, d, C);
+  for (int c = 0; c < C; ++c) {
+    const auto& kd = kdiag[nk == 1 ? 0 : c];
+    std::copy(kd.begin(), kd.end(), st.a0.begin() + c * n);
+  }
+
+  Selection out;
+  out.n = n;
+  out.d = d;
+  out.C = C;
+  out.pi.resize(static_cast<std::size_t>(d * C));
+  out.b.resize(static_cast<std::size_t>(d * C));
+  const index_t CC = static_cast<index_t>(C) * C;
+  if (opt.record_marginals) {
+    out.history_h.resize(static_cast<std::size_t>(d * n * C));
+    out.history_A.resize(static_cast<std::size_t>(d * n * CC));
+  }
+
+  Rng rng(opt.seed);
+  const index_t jsize = opt.selection_size > 0 ? opt.selection_size : (n + C - 1) / C;
+  std::vector<char> state(static_cast<std::size_t>(n), 0);  // 0 free, 1 active, 2 in J
+  std::vector<index_t> J, avail;
+  std::vector<double> jscore;
+  std::vector<int> jstatus;
+  std::vector<std::vector<double>> kcol_store(nk, std::vector<double>(static_cast<std::size_t>(n)));
+  std::vector<const double*> kcol(C);
+  std::vector<double> hi(C), Ai(CC), Li(CC), mh(C), Ah(CC), p(C), pi0(C), work;
+
+  auto free_points = [&]() {
+    avail.clear();
+    for (index_t j = 0; j < n; ++j)
+      if (state[j] == 0) avail.push_back(j);
+  };
+
+  for (index_t t = 0; t < d; ++t) {
+    auto t0 = std::chrono::steady_clock::now();
+    index_t i = -1;
+    double best = std::numeric_limits<double>::quiet_NaN();
+    if (t < opt.n_random) {
+      free_points();
+      for (index_t j : J) avail.push_back(j);  // (J is empty during the random phase)
+      std::sort(avail.begin(), avail.end());
+      i = avail[rng.below(static_cast<index_t>(avail.size()))];
+    } else {
+      if (J.empty()) {  // first greedy round: J at random
+        free_points();
+        const index_t take = std::min<index_t>(jsize, static_cast<index_t>(avail.size()));
+        for (index_t k = 0; k < take; ++k) {
+          const index_t r = k + rng.below(static_cast<index_t>(avail.size()) - k);
+          std::swap(avail[k], avail[r]);
+          J.push_back(avail[k]);
+          state[avail[k]] = 2;
+        }
+      }
+      jscore.assign(J.size(), -HUGE_VAL);
+      jstatus.assign(J.size(), 0);
+      parallel_for(static_cast<index_t>(J.size()), 4, [&](index_t k) {
+        try {
+          jscore[k] = scorer.score(st, J[k], static_cast<int>(y[J[k]]), jstatus[k]);
+        } catch (...) {
+          jscore[k] = -HUGE_VAL;
+          jstatus[k] = 3;
+        }
+      });
+      index_t best_k = -1;
+      for (std::size_t k = 0; k < J.size(); ++k) {
+        if (jstatus[k] == 2) ++out.quadrature_fallbacks;
+        if (jscore[k] > -HUGE_VAL && (best_k < 0 || jscore[k] > jscore[best_k])) best_k = static_cast<index_t>(k);
+      }
+      if (best_k < 0)
+        throw LinAlgError("ivm.multiclass_select", 1,
+                          "no candidate of the selection index had a positive-definite marginal covariance "
+                          "and valid tilted moments at inclusion " + std::to_string(t + 1));
+      i = J[best_k];
+      best = jscore[best_k];
+    }
+    out.score_seconds.push_back(seconds_since(t0));
+
+    // Site of i: tilted moments, then the constrained projection from pi0 = (e_y + E[softmax]) / 2.
+    const int yi = static_cast<int>(y[i]);
+    st.marginal(i, hi.data(), Ai.data());
+    if (!small::cholesky(C, Ai.data(), Li.data()))
+      throw LinAlgError("ivm.multiclass_select", 1,
+                        "the marginal covariance of point " + std::to_string(i) + " is not positive definite");
+    double log_Z = 0.0;
+    const int status = scorer.tilted(yi, hi.data(), Li.data(), mh.data(), Ah.data(), p.data(), &log_Z, work);
+    if (status == 3)
+      throw LinAlgError("ivm.multiclass_select", 1,
+                        "the tilted covariance of point " + std::to_string(i) + " is not positive definite under the rule");
+    if (status == 2 && t < opt.n_random) ++out.quadrature_fallbacks;
+    for (int c = 0; c < C; ++c) pi0[c] = 0.5 * ((c == yi ? 1.0 : 0.0) + p[c]);
+    const ProjectionResult proj =
+        project_constrained_site(C, hi.data(), Ai.data(), mh.data(), Ah.data(), pi0.data(), opt.max_newton);
+
+    // Kernel columns K^(c)(X, x_i), with the diagonal entry from Kdiag (a White kernel's variance).
+    for (std::size_t k = 0; k < nk; ++k) {
+      kernels[k]->K(X, ConstMatrixView(X.row(i), 1, X.cols, X.ld), false, MatrixView(kcol_store[k].data(), n, 1));
+      kcol_store[k][i] = kdiag[k][i];
+    }
+    for (int c = 0; c < C; ++c) kcol[c] = kcol_store[nk == 1 ? 0 : c].data();
+
+    auto t1 = std::chrono::steady_clock::now();
+    st.include(i, proj.pi.data(), proj.g.data(), kcol);
+    out.update_seconds.push_back(seconds_since(t1));
+
+    state[i] = 1;
+    out.active.push_back(i);
+    std::copy(proj.pi.begin(), proj.pi.end(), out.pi.begin() + t * C);
+    std::copy(proj.b.begin(), proj.b.end(), out.b.begin() + t * C);
+    out.scores.push_back(best);
+    out.log_Z.push_back(log_Z);
+    out.newton_iterations.push_back(proj.iterations);
+    out.newton_converged.push_back(proj.converged ? 1 : 0);
+    if (opt.record_marginals) st.all_marginals(out.history_h.data() + t * n * C, out.history_A.data() + t * n * CC);
+
+    // Re-select J: keep the top keep_fraction of this round's scorers (but i), fill at random.
+    if (t >= opt.n_random && t + 1 < d) {
+      std::vector<index_t> order;
+      for (std::size_t k = 0; k < J.size(); ++k)
+        if (J[k] != i) order.push_back(static_cast<index_t>(k));
+      std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) { return jscore[a] > jscore[b]; });
+      const index_t keep = std::min<index_t>(static_cast<index_t>(order.size()),
+                                             static_cast<index_t>(std::floor(opt.keep_fraction * static_cast<double>(jsize))));
+      std::vector<index_t> kept;
+      for (index_t k = 0; k < keep; ++k) kept.push_back(J[order[k]]);
+      for (index_t j : J)
+        if (state[j] == 2) state[j] = 0;
+      J = kept;
+      for (index_t j : J) state[j] = 2;
+      free_points();
+      const index_t take = std::min<index_t>(jsize - static_cast<index_t>(J.size()), static_cast<index_t>(avail.size()));
+      for (index_t k = 0; k < take; ++k) {
+        const index_t r = k + rng.below(static_cast<index_t>(avail.size()) - k);
+        std::swap(avail[k], avail[r]);
+        J.push_back(avail[k]);
+        state[avail[k]] = 2;
+      }
+    }
+  }
+  out.h.resize(static_cast<std::size_t>(n * C));
+  out.A.resize(static_cast<std::size_t>(n * CC));
+  st.all_marginals(out.h.data(), out.A.data());
+  return out;
+}
+
+}  // namespace pygpfast::ivm
