@@ -158,17 +158,6 @@ def test_linear_bound_gives_a_lower_bound_within_its_error(ionosphere):
     assert clone(lin).get_params()["bound"] == "linear"
 
 
-def test_reproducible_with_random_state(rng):
-    X, y = blobs(60, rng)
-    a = VGPClassifier(likelihood="softmax", max_iter=5, random_state=3)
-    b = VGPClassifier(likelihood="softmax", max_iter=5, random_state=3)
-    with pytest.warns(ConvergenceWarning):
-        pa = a.fit(X, y).predict_proba(X[:10])
-    with pytest.warns(ConvergenceWarning):
-        pb = b.fit(X, y).predict_proba(X[:10])
-    assert np.array_equal(pa, pb)
-
-
 @pytest.mark.parametrize("likelihood", ["softmax", "stick-breaking", "ordinal"])
 def test_multiclass_likelihoods_fit_and_predict(likelihood, rng):
     X, y = blobs(150, rng)

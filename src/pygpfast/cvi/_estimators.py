@@ -1129,7 +1129,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         tags.target_tags.positive_only = True
         return tags
 
-    def __init__(self, *, kernel=None, method="fixed-point", optimize_hyperparameters=True,
+    def __init__(self, kernel=None, *, method="fixed-point", optimize_hyperparameters=True,
                  max_iter=200, inner_max_iter=200, tol=1e-8, block_size=None, jitter=1e-6,
                  learn_mean=True, random_state=None, verbose=0, callback=None):
         self.kernel = kernel
