@@ -135,5 +135,6 @@ void bind_svgp(py::module_& m);
 void bind_piecewise(py::module_& m);
 void bind_svgp_mf(py::module_& m);
 void bind_cvi(py::module_& m);
+void bind_moe(py::module_& m);
 
 }  // namespace pygpfast::bind

@@ -42,6 +42,7 @@ PYBIND11_MODULE(_core, m) {
   auto piecewise = sub("piecewise", "Expectations of piecewise bounds on log(1 + e^x)");
   auto svgp = sub("svgp", "Sparse variational GP: ELBO with gradients, predictions, the mean-field bound");
   auto cvi = sub("cvi", "Concave variational inference for full GPs");
+  auto moe = sub("moe", "IS-MOE experts: per-block evidence, fits and predictions on OpenMP threads");
   pygpfast::bind::bind_blas(blas);
   pygpfast::bind::bind_threads(threads);
   pygpfast::bind::bind_linalg(linalg);
@@ -51,4 +52,5 @@ PYBIND11_MODULE(_core, m) {
   pygpfast::bind::bind_svgp(svgp);
   pygpfast::bind::bind_svgp_mf(svgp);
   pygpfast::bind::bind_cvi(cvi);
+  pygpfast::bind::bind_moe(moe);
 }
