@@ -245,7 +245,9 @@ EvidenceResult laplace_evidence(const KernelSpec& spec, const double* params, Co
   if (d_params == nullptr) return res;
 
   // Algorithm 5.1. R = sW B^-1 sW = (W^-1 + K)^-1; C = L^-1 sW K, and
-  // s2 = -diag(K - C^T C) d3 / 2: the mode's implicit change, through W's dependence on f.
+  // s2 = d(-log|B| / 2) / df = diag(K - C^T C) d3 / 2 with d3 the third derivative of log p (dW/df =
+  // -d3): the evidence's change through the mode, whose own change is (I - K R) dK g. (The book's
+  // Algorithm 5.1 prints s2 with the opposite sign; finite differences side with this one.)
   resize(ws.work, 2 * n * n);
   const MatrixView R(ws.work.data(), n, n), C(ws.work.data() + n * n, n, n);
   for (index_t i = 0; i < n; ++i)
@@ -265,7 +267,7 @@ EvidenceResult laplace_evidence(const KernelSpec& spec, const double* params, Co
   std::fill(s2, s2 + n, 0.0);
   for (index_t k = 0; k < n; ++k)
     for (index_t i = 0; i < n; ++i) s2[i] += C(k, i) * C(k, i);
-  for (index_t i = 0; i < n; ++i) s2[i] = -0.5 * (K(i, i) - s2[i]) * derivatives(lik, y[i], f[i]).d3;
+  for (index_t i = 0; i < n; ++i) s2[i] = 0.5 * (K(i, i) - s2[i]) * derivatives(lik, y[i], f[i]).d3;
   // u = (I - R K) s2, and the adjoint of K:
   // G = (a a^T - R) / 2 + (u g^T + g u^T) / 2, so that d log Z / d theta = sum_ij G_ij dK_ij / dtheta.
   double* u = t;
@@ -480,6 +482,7 @@ void fit_blocks(const KernelSpec& spec, const Start& start, ConstMatrixView X, c
     if (n_opt > 0) {
       std::vector<double> x(static_cast<std::size_t>(n_opt)), ufull(u), gfull(static_cast<std::size_t>(P + 2));
       for (index_t k = 0; k < n_opt; ++k) x[static_cast<std::size_t>(k)] = u[static_cast<std::size_t>(coords[k])];
+      bool first = true;
       auto objective = [&](const double* xx, double* grad) -> double {
         for (index_t k = 0; k < n_opt; ++k) ufull[static_cast<std::size_t>(coords[k])] = xx[k];
         EvidenceResult er;
@@ -487,8 +490,10 @@ void fit_blocks(const KernelSpec& spec, const Start& start, ConstMatrixView X, c
         try {
           value = evaluate(ufull.data(), gfull.data(), er);
         } catch (const LinAlgError&) {
-          return kInf;  // a trial point too far out: the line search shortens the step
+          if (first) throw;  // the start itself fails: say why
+          return kInf;       // a trial point too far out: the line search shortens the step
         }
+        first = false;
         for (index_t k = 0; k < n_opt; ++k) grad[k] = -gfull[static_cast<std::size_t>(coords[k])];
         return -value;
       };
