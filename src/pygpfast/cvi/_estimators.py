@@ -58,7 +58,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from .. import _core
 from .. import kernels as _kernels
 from .. import likelihoods as _likelihoods
-from .._base import _start
+from .._base import _docs, _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._memory import check_fits, explain_memory_error
 from .._base._optimize import lbfgs
@@ -756,118 +756,35 @@ class _VGPEstimator(GPEstimator):
                                    X)
 
 
-_COMMON_DOC = """
-    kernel : pygpfast.kernels.Kernel, optional
-        Prior covariance, shared by the latent functions. Default: RBF with ARD lengthscales
-        from the median-distance heuristic. A kernel's hyperparameters are where the search
-        starts; lengthscales far from the distances between the training inputs, or a variance
-        far below the latent scale, make a useless model (see Notes), which the fit detects,
-        searches again from the data's scale or warns about.
-    bound : {"quadratic", "linear"}
-        Piecewise bound on log(1 + e^x) (Marlin, Khan & Murphy 2011) for the logit-based
-        likelihoods.
-    n_pieces : int
-        Its number of pieces, 3 to 20.
-    method : {"fixed-point", "opper-archambeau"}
-        Algorithm 1 of seed 004 (default; with the coupled mean steps of :func:`infer`) or
-        L-BFGS-B on the Opper-Archambeau reparameterisation (eq. 11); both maximise the same
-        bound.
-    optimize_hyperparameters : bool
-        Learn the kernel parameters (and the prior means and ordinal thresholds) by maximising
-        the bound with L-BFGS-B.
-    max_iter : int
-        Hyperparameter iterations (L-BFGS-B). The ten-class stick-breaking fit on
-        scikit-learn's digits (65 kernel hyperparameters) converges in 115.
-    inner_max_iter : int
+_PARAMETERS = _docs.KERNEL + """    method : {'fixed-point', 'opper-archambeau'}, default 'fixed-point'
+        Algorithm 1 of Khan, Mohamed & Murphy (2012), with mean steps that anticipate the sweep
+        (see :func:`infer`), or L-BFGS-B on the Opper-Archambeau reparameterisation (their
+        eq. 11); both maximise the same bound.
+    max_iter : int, default 200
+        Hyperparameter iterations (L-BFGS-B).
+    inner_max_iter : int, default 200
         Iterations of the inference for fixed hyperparameters.
-    tol : float
-        Relative tolerance of the inference: it stops when an iteration raises the bound by
-        less than tol |bound|. The hyperparameter search stops when an iteration raises the
-        bound by less than 100 tol |bound| (the bound of an inference stopped at tol is only
-        that accurate, so the search cannot resolve smaller changes).
-    block_size : int or None
-        Coordinates per BLAS-3 block of Algorithm 1 (1: the literal rank-one updates). None
-        (default): the core's choice by N, 32 below 1500 training points and 64 from there.
-    jitter : float
-        Added to the diagonal of K(X, X), relative to its mean diagonal: it keeps the rank-one
-        updates of V accurate when K is numerically singular.
-    random_state : int, RandomState or None
-        For the default kernel's heuristic (on a subsample of more than 1000 rows), also
-        that of a second search's data-scaled start (see Notes).
-    verbose : int or bool, default 0
-        Print the bound, the inferences run and the elapsed time every `verbose`
-        hyperparameter iterations, or once when the hyperparameters are fixed (0 or False:
-        silent; True: every iteration).
-    callback : callable, optional
-        ``callback(estimator, iteration, bound) -> bool`` after every hyperparameter iteration;
-        True stops the search there. The estimator's fitted attributes hold the current
-        hyperparameters and posterior, so it may call ``predict``. A second search (see
-        ``restart_``) counts its iterations from 1 again; a fit whose search the callback
-        stopped is not searched again.
-"""
+    tol : float, default 1e-8
+        The inference stops when an iteration raises the bound by less than tol |bound|; the
+        hyperparameter search when one raises it by less than 100 tol |bound|.
+    block_size : int or None, default None
+        Coordinates per BLAS-3 block of Algorithm 1 (1: the literal rank-one updates). None:
+        32 below 1500 training points, 64 from there.
+""" + _docs.COMMON
 
-_COMMON_ATTRIBUTES = """
-    objective_ : float
-        The lower bound on log p(y) at the fitted q and hyperparameters.
-    history_ : ndarray
-        The bound after each hyperparameter iteration (of the search kept, see ``restart_``),
-        or, when the hyperparameters are fixed, at the inference's start and after each of its
-        iterations (n_iter_ + 1 entries).
-    n_iter_ : int
-        Hyperparameter iterations (of the search kept), or the inference's iterations when the
-        hyperparameters are fixed.
-    n_evaluations_ : int
+_ATTRIBUTES = _docs.ATTRIBUTES + """    n_evaluations_ : int
         Inferences run (one per evaluation of the bound and its gradient; both searches').
-    restart_ : dict or None
-        None unless the search from the given kernel ended degenerate and a second one ran
-        from the data-scaled start (see Notes): ``"reason"`` (the degeneracy: "isolated",
-        "unreached", "constant" or "stalled"), ``"start"`` (the second search's starting
-        kernel), ``"bounds"`` (the bound each search reached, the first's first), ``"kept"``
-        ("given" or "data-scaled": the one with the higher bound, whose results the fitted
-        attributes hold, and whose warnings alone pygpfast issues: not those of numpy, scipy,
-        scikit-learn or the callback, shown as they occur, see Notes) and
-        ``"both_constant"`` (both ended at a constant latent function: labels without signal,
-        not warned about).
-    kernel_ : pygpfast.kernels.Kernel
     mean_ : ndarray [L]
         Constant prior means of the latent functions.
     local_bound_ : LocalBound
     alpha_, lambda_ : ndarray [N, L]
         The posterior: m_l = mean_l + K alpha_l, V_l = (K^-1 + diag(lambda_l))^-1.
     predictive_factor_ : ndarray [L, N, N]
-        Lower Cholesky factors F_l of I + diag(lambda_l)^1/2 K diag(lambda_l)^1/2, from which the
-        predictive variances are k_** - |F_l^-1 diag(lambda_l)^1/2 k_*|^2 (stable where an
-        explicit (K + diag(lambda_l)^-1)^-1 would cancel, e.g. Poisson sites with large counts).
-        Not pickled: an unpickled model computes it again at its first prediction.
+        Lower Cholesky factors of I + diag(lambda_l)^1/2 K diag(lambda_l)^1/2, for the
+        predictive variances (not pickled: recomputed at the first prediction after loading).
     inference_info_ : dict
-        Counters of the last inference (iterations, flops, residuals of eqs. 7-8, ...).
-
-    Notes
-    -----
-    A kernel whose lengthscales are far from the distances between the training inputs gives
-    a useless model, and the bound's gradients vanish there, so the hyperparameter search
-    cannot leave: lengthscales far below make K(X, X) numerically diagonal (a memoriser,
-    training accuracy 1 and the prior everywhere else), lengthscales far above make it
-    numerically constant (the kernel variance then collapses and every prediction is the
-    same). After the fit, ``kernels.diagnose`` checks for both (a typical training input's
-    largest correlation with another below ``kernels.ISOLATED_CORRELATION``, 1e-3; or a start
-    that varies across the training inputs by less than ``kernels.FLAT_SHARE``, 1e-4, of its
-    variance and a latent function that ends varying by less than ``kernels.FLAT_SPREAD``,
-    1e-2). A start on which the prior barely varies (a kernel variance of 1e-8, say) is as
-    flat: the search ends there ("stalled": the prior varies across the training inputs by
-    less than 1e-4 of the latent scale, at its start or creeping away from it). When it finds
-    any of these and the hyperparameters are learned, a second search runs from the
-    data-scaled start (the given kernel's structure with the default kernel's lengthscales and
-    variance, drawn with ``random_state``; where that is the first start itself, as with
-    ``kernel=None``, the same with lengthscales e^2 longer) and the fit keeps whichever
-    reaches the higher bound (``restart_``), with pygpfast's warnings of that search only
-    (those of the other, such as its max_iter, are dropped; warnings that numpy, scipy,
-    scikit-learn or the callback issue during either search are shown as they occur: the fit
-    holds its own, on its own thread, and leaves the process's warning filters alone, so that
-    fits in concurrent threads keep theirs). A degenerate fit that remains
-    (hyperparameters fixed, no lengthscales to rescale, or the first search kept) is a
-    ``ConvergenceWarning`` that names the cause with its numbers, as is a kernel fixed
-    (``optimize_hyperparameters=False``) at such a flat prior ("flat").
+        Counters of the last inference (iterations, flops, residuals, ...).
+    X_train_ : ndarray [N, D]
 """
 
 
@@ -909,39 +826,38 @@ def _encode_classes(y, classes):
 
 class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
     __doc__ = (
-        """Full-GP classifier by concave variational inference (Khan, Mohamed & Murphy 2012).
+        """Full-GP classifier by concave variational inference (Khan, Mohamed & Murphy 2012): a
+    Gaussian q per latent function, fitted by maximising a concave lower bound on log p(y)
+    (``objective_``) with closed-form local bounds.
 
     Parameters
     ----------
-    likelihood : {"logit", "softmax", "stick-breaking", "ordinal"}
-        "logit": binary Bernoulli-logit; "softmax": softmax over C latent functions with
-        the log-sum-exp bound; "stick-breaking": C - 1 latent functions (Khan et al. 2012b);
-        "ordinal": one latent function and K - 1 learned thresholds, for classes in the order
-        of ``class_order_`` (see `classes`)."""
-        + _COMMON_DOC
-        + """    classes : array_like [C] or None
-        The class labels in the order the model takes them: for "ordinal" the order of the
-        scale (lowest first), for "stick-breaking" that of the sticks, for the others that of
-        the latent functions. Every label of y must be one of them, and each of them must occur
-        in y. None: for "ordinal", the order of the categories when y is an ordered pandas
-        Categorical (or a Series of one; unused categories are dropped), and otherwise the
-        sorted labels (strings then sort alphabetically, which is rarely the order of an
-        ordinal scale). Whatever the order, ``classes_`` and the columns of ``predict_proba``
-        are sorted, as scikit-learn's metrics and scorers take them to be.
-    learn_mean : bool or None
-        Learn a constant prior mean per latent function. None: for "softmax" and
-        "stick-breaking" (the thresholds play that role for "ordinal"; zero mean for "logit",
-        as in scikit-learn's GaussianProcessClassifier).
+""" + _PARAMETERS + """    likelihood : {'logit', 'softmax', 'stick-breaking', 'ordinal'}, default 'logit'
+        'logit': binary, with a piecewise bound on log(1 + e^x). 'softmax': C latent
+        functions, with the log-sum-exp bound. 'stick-breaking': C - 1 latent functions.
+        'ordinal': one latent function and C - 1 learned thresholds, for the classes in the
+        order of ``class_order_``.
+    bound : {'quadratic', 'linear'}, default 'quadratic'
+        Piecewise bound on log(1 + e^x) (Marlin, Khan & Murphy 2011) of the logit-based
+        likelihoods.
+    n_pieces : int, default 20
+        Its number of pieces, 3 to 20.
+    classes : array_like [C] or None, default None
+        The labels in the order the model takes them (the scale's for 'ordinal', lowest
+        first; the sticks' for 'stick-breaking'). None: the order of an ordered pandas
+        Categorical y for 'ordinal', else sorted. ``classes_`` and predict_proba's columns are
+        sorted whatever the order.
+    learn_mean : bool or None, default None
+        Learn a constant prior mean per latent function. None: for 'softmax' and
+        'stick-breaking'.
 
     Attributes
     ----------
     classes_ : ndarray [C]
-        The class labels, sorted: the columns of ``predict_proba``.
+        The labels, sorted: the columns of predict_proba.
     class_order_ : ndarray [C]
-        The class labels in the order the model takes them (see `classes`); for "ordinal",
-        ``local_bound_.thresholds`` separate consecutive entries."""
-        + _COMMON_ATTRIBUTES
-    )
+        The labels in the order the model takes them.
+""" + _ATTRIBUTES + _docs.NOTES)
 
     def __init__(self, kernel=None, *, likelihood="logit", bound="quadratic", n_pieces=20,
                  method="fixed-point", optimize_hyperparameters=True, max_iter=200,
@@ -1105,22 +1021,19 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
 
 class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
     __doc__ = (
-        """Full-GP Poisson regression (counts, rate exp(z)) by concave variational inference.
-
-    The local bound is the exact expectation y m - exp(m + v/2) - lgamma(y + 1) (seed 004,
-    section 4). Non-integer targets y >= 0 are taken by the same formula (a quasi-likelihood), as
-    scikit-learn's Poisson models take them.
+        """Full-GP Poisson regression (rate exp(f)) by concave variational inference (Khan,
+    Mohamed & Murphy 2012): the local bound is the exact expectation
+    y m - exp(m + v/2) - lgamma(y + 1); real targets y >= 0 are taken by the same formula.
+    The fit maximises the lower bound on log p(y) (``objective_``).
 
     Parameters
-    ----------"""
-        + _COMMON_DOC
-        + """    learn_mean : bool
-        Learn a constant prior mean of the log rate (initialised at log mean(y)).
+    ----------
+""" + _PARAMETERS + """    learn_mean : bool, default True
+        Learn a constant prior mean of the log rate (started at log mean(y)).
 
     Attributes
-    ----------"""
-        + _COMMON_ATTRIBUTES
-    )
+    ----------
+""" + _ATTRIBUTES + _docs.NOTES)
 
     _SPARSE_PEER = "SVGPRegressor(likelihood='poisson')"
 
