@@ -451,7 +451,7 @@ def test_an_undone_coupled_iteration_falls_back_to_algorithm_1():
 
 @pytest.mark.parametrize("variance, lengthscale, capped", [(50.0, 1.0, False), (100.0, 0.5, True)])
 def test_a_multinomial_coupled_step_matches_the_dense_joint_system(variance, lengthscale, capped):
-    # The multinomial bound's coupled step solves a reduced system by Woodbury (cvi.cpp); the
+    # The multinomial bound's coupled step solves a reduced system by Woodbury (means.cpp); the
     # reference solves the joint 2 L N system of cvi.hpp densely, with the local second
     # derivatives F_mm = -H, F_mv = -H / 2, F_vv = -H / 4 (H = diag(p) - p p^T per point), and
     # applies the same trust region (no mean moves by more than 3), which scales the second
@@ -753,7 +753,7 @@ def test_a_run_reported_converged_is_at_the_optimum_whatever_the_start(seed):
 @pytest.mark.parametrize("variance", [4.0, 100.0])
 def test_multinomial_means_handed_to_the_sweep_still_reach_the_optimum(variance):
     # The multinomial bound's cheap Newton steps (clamped where lambda < p) hand over to the
-    # next sweep once they are cut or slow (cvi.cpp, update_means); large prior variance makes
+    # next sweep once they are cut or slow (means.cpp, update_means); large prior variance makes
     # the handovers frequent. The result is stationary (eqs. 7-8), monotone, and at the
     # optimum of a run to a much tighter tolerance and of the Opper-Archambeau parameterisation.
     rng = np.random.default_rng(7)
@@ -781,7 +781,7 @@ def test_multinomial_iteration_with_handed_over_means_does_not_end_the_run():
     # Here the first outer iteration hands its Newton steps over to the next sweep with the
     # bound still 1.7e-2 (relative) short of the optimum, while the estimate of the next
     # sweep's gain is already below the target. Without the guard on handed-over means
-    # (cvi.cpp, means_done) the run ended there at tol = 1e-4, flagged as not converged
+    # (inference.cpp, means_done) the run ended there at tol = 1e-4, flagged as not converged
     # (found by a random search over 60 problems; the only one the guard changes).
     rng = np.random.default_rng(44)  # (the draws of the random search that found the case)
     N, C = int(rng.choice([60, 120, 200])), int(rng.choice([3, 4]))
