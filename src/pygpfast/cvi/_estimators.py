@@ -171,8 +171,8 @@ class LocalBound:
         y = np.ascontiguousarray(y, dtype=np.float64)
         m = np.atleast_2d(np.asarray(m, dtype=np.float64))
         v = np.atleast_2d(np.asarray(v, dtype=np.float64))
-        return _core.cvi.local_bounds(*self._core_args(), y, np.ascontiguousarray(m),
-                                      np.ascontiguousarray(v))
+        return _core.cvi.local_bounds(*self._core_args(), y, m=np.ascontiguousarray(m),
+                                      v=np.ascontiguousarray(v))
 
     def __repr__(self):
         extra = f", n_classes={self.n_classes}" if self.n_classes else ""
@@ -313,8 +313,10 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
         return _infer_oa(Sigma, y, local_bound, mean, alpha, np.maximum(lambda_, 0.0),
                          max_iter, tol)
     info, a, lam, V = _core.cvi.infer(
-        *local_bound._core_args(), y, Sigma, mean, alpha, lambda_, int(max_iter), float(tol),
-        block_size or 0, _MAX_NEWTON, float(skip_tol), bool(coupled_means), bool(return_V))
+        *local_bound._core_args(), y, Sigma, mean=mean, alpha=alpha, lambda_=lambda_,
+        max_iter=int(max_iter), tol=float(tol), block_size=block_size or 0,
+        max_newton=_MAX_NEWTON, skip_tol=float(skip_tol), coupled_means=bool(coupled_means),
+        return_V=bool(return_V))
     history = info.pop("history")
     return InferenceResult(info["bound"], a, lam, V, history, info["iterations"],
                            info["converged"], info)
@@ -342,8 +344,8 @@ def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
     N, L = Sigma.shape[0], local_bound.n_latent
     value, da, dl, _, _ = _core.cvi.oa_objective(
         *local_bound._core_args(), np.ascontiguousarray(y, dtype=np.float64), Sigma,
-        _mean_vector(mean, L), _latent_array(alpha, L, N, "alpha"),
-        _latent_array(lambda_, L, N, "lambda_"))
+        mean=_mean_vector(mean, L), alpha=_latent_array(alpha, L, N, "alpha"),
+        lambda_=_latent_array(lambda_, L, N, "lambda_"))
     return value, da, dl
 
 
@@ -369,7 +371,8 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
         if np.isfinite(x).all():  # (a step from a gradient near overflow need not be)
             a = np.ascontiguousarray(x[: L * N].reshape(L, N))
             lam = np.ascontiguousarray(x[L * N:].reshape(L, N))
-            value, da, dl, flops, evals = _core.cvi.oa_objective(*args, y, Sigma, mean, a, lam)
+            value, da, dl, flops, evals = _core.cvi.oa_objective(*args, y, Sigma, mean=mean,
+                                                                 alpha=a, lambda_=lam)
             state["flops"] += flops + _LBFGS_FLOPS_PER_COORDINATE * x.size
             state["evals"] += evals
             grad = np.concatenate([da.ravel(), dl.ravel()])
@@ -402,8 +405,8 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
         value = state["value"]
     else:
         value = _core.cvi.oa_objective(
-            *args, y, Sigma, mean, np.ascontiguousarray(x[: L * N].reshape(L, N)),
-            np.ascontiguousarray(x[L * N:].reshape(L, N)))[0]
+            *args, y, Sigma, mean=mean, alpha=np.ascontiguousarray(x[: L * N].reshape(L, N)),
+            lambda_=np.ascontiguousarray(x[L * N:].reshape(L, N)))[0]
     info = {"bound": value, "iterations": res.n_iter, "converged": res.converged,
             "flops": state["flops"], "bound_evaluations": state["evals"],
             "function_evaluations": res.n_evaluations, "message": res.message,
@@ -673,7 +676,8 @@ class _VGPEstimator(GPEstimator):
         if self.predictive_factor_ is None:
             codes, params = self.kernel_._spec(self.X_train_.shape[1])
             self.predictive_factor_ = _core.cvi.predictive_factor(
-                codes, params, self.X_train_, self.jitter, np.ascontiguousarray(self.lambda_.T))
+                codes, params, self.X_train_, jitter=self.jitter,
+                lambda_=np.ascontiguousarray(self.lambda_.T))
         return self.predictive_factor_
 
     def _check_oa_optimum(self, hyper, X, t, alpha, lam, bound):
@@ -686,9 +690,10 @@ class _VGPEstimator(GPEstimator):
         """
         codes, params = hyper.kernel._spec(X.shape[1])
         step, *_ = _core.cvi.fit_step(
-            codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter,
-            alpha, np.maximum(lam, 0.0), 1, self.tol, self.block_size or 0, _MAX_NEWTON,
-            np.sqrt(self.tol), False, False)
+            codes, params, *hyper.local_bound._core_args(), X, t, mean=hyper.mean,
+            jitter=self.jitter, alpha=alpha, lambda_=np.maximum(lam, 0.0), max_iter=1,
+            tol=self.tol, block_size=self.block_size or 0, max_newton=_MAX_NEWTON,
+            skip_tol=np.sqrt(self.tol), with_grad=False, return_Pi=False)
         gap = step["bound"] - bound
         # (L-BFGS-B's ftol bounds one step's relative gain, not the distance to the optimum,
         # which stays well above tol on any run: hence sqrt(tol), 1e-4 for the default.)
@@ -727,13 +732,14 @@ class _VGPEstimator(GPEstimator):
         codes, params = hyper.kernel._spec(X.shape[1])
         max_iter = self.inner_max_iter
         if self.method == "opper-archambeau":
-            K = _core.cvi.prior_covariance(codes, params, X, self.jitter)
+            K = _core.cvi.prior_covariance(codes, params, X, jitter=self.jitter)
             oa = _infer_oa(K, t, hyper.local_bound, hyper.mean, alpha, lam, max_iter, self.tol)
             alpha, lam, max_iter = oa.alpha, oa.lambda_, 0  # the core then only differentiates
         info, alpha, lam, grads, _ = _core.cvi.fit_step(
-            codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter, alpha,
-            lam, max_iter, self.tol, self.block_size or 0, _MAX_NEWTON, np.sqrt(self.tol), True,
-            False)
+            codes, params, *hyper.local_bound._core_args(), X, t, mean=hyper.mean,
+            jitter=self.jitter, alpha=alpha, lambda_=lam, max_iter=max_iter, tol=self.tol,
+            block_size=self.block_size or 0, max_newton=_MAX_NEWTON, skip_tol=np.sqrt(self.tol),
+            with_grad=True, return_Pi=False)
         if self.method == "opper-archambeau":
             info.update({k: v for k, v in oa.info.items() if k != "bound"},
                         history=oa.history, converged=oa.converged)
@@ -750,10 +756,10 @@ class _VGPEstimator(GPEstimator):
         check_is_fitted(self)
         X = validate_data(self, array_of_matrix(X), dtype=np.float64, order="C", reset=False)
         codes, params = self.kernel_._spec(X.shape[1])
-        return _core.cvi.predict_f(codes, params, self.X_train_, self.mean_,
-                                   np.ascontiguousarray(self.alpha_.T),
-                                   np.ascontiguousarray(self.lambda_.T), self._predictive_factor(),
-                                   X)
+        return _core.cvi.predict_f(codes, params, self.X_train_, X, mean=self.mean_,
+                                   alpha=np.ascontiguousarray(self.alpha_.T),
+                                   lambda_=np.ascontiguousarray(self.lambda_.T),
+                                   F=self._predictive_factor())
 
 
 _PARAMETERS = _docs.KERNEL + """    method : {'fixed-point', 'opper-archambeau'}, default 'fixed-point'
