@@ -8,7 +8,7 @@ takes as scikit-learn's Poisson models do)."""
 import pytest
 from sklearn.utils import get_tags
 
-from pygpfast import SVGPClassifier, SVGPRegressor, likelihoods
+from pygpfast import SVGPClassifier, SVGPRegressor
 from sklearn_checks import parametrize_with_checks
 
 SMALL = {"n_inducing": 8, "max_iter": 30}
