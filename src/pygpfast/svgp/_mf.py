@@ -1,4 +1,4 @@
-"""Sparse mean-field GP classification (seed 000 section 3.1, ``method="mf"``; probit only).
+"""Sparse mean-field GP classification (Hensman, Matthews & Ghahramani 2015 section 3.1, ``method="mf"``; probit only).
 
 The probit model is augmented with g = f + eps, eps ~ N(0, I) (eq. 9); Titsias' bound on p(g)
 and a factorising q(g) give the bound of eq. (12), whose factors are truncated Gaussians with
@@ -45,7 +45,7 @@ def _warn_jitter(extra, codes, params, Z):
 
 
 def mf_bound(kernel, Z, X, y, a, *, jitter=1e-6, solve_a=False, with_grad=False):
-    """The sparse mean-field bound of seed 000 eq. (12), optionally at the optimal ``a``.
+    """The sparse mean-field bound of Hensman, Matthews & Ghahramani 2015 eq. (12), optionally at the optimal ``a``.
 
     Parameters
     ----------
@@ -161,7 +161,7 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
     solve(False)
 
     n_Z = M * D if train_Z else 0
-    # Z in units of the spread of its columns (as in _svgp_optim.Packer): steps independent of
+    # Z in units of the spread of its columns (as in svgp._optim.Packer): steps independent of
     # the scale of the features.
     z_scale = column_spread(Z)
 
@@ -231,7 +231,7 @@ def check_estimator_params(estimator):
     if not estimator._is_probit():
         what = f"likelihood={estimator.likelihood!r}" if is_classifier(estimator) else "SVGPRegressor"
         raise ValueError(
-            "method='mf' (seed 000 section 3.1) rests on the probit augmentation of eq. (9); "
+            "method='mf' (Hensman, Matthews & Ghahramani 2015 section 3.1) rests on the probit augmentation of eq. (9); "
             f"it needs SVGPClassifier with the probit likelihood, not {what}. Use method='kl'."
         )
     if estimator.optimizer not in ("auto", "lbfgs") or estimator.batch_size != "auto":
