@@ -1,7 +1,7 @@
 """The package's layering (STYLE.md, "Layout that shows the architecture"), read from the
 imports of every module under src/pygpfast:
 
-- building blocks (kernels, likelihoods, linalg, piecewise, datasets, exceptions and the private
+- building blocks (kernels, likelihoods, linalg, piecewise, priors, datasets, exceptions and the private
   _validation, _threads, _core) import no family and not _base;
 - _base imports building blocks only;
 - a family (svgp, cvi, ivm, moe) imports _base, building blocks, its own modules, and only the
@@ -18,7 +18,8 @@ import pygpfast
 
 PACKAGE = pathlib.Path(pygpfast.__file__).parent
 FAMILIES = {"svgp", "cvi", "ivm", "moe"}
-BLOCKS = {"kernels", "likelihoods", "linalg", "piecewise", "datasets", "exceptions", "_validation",
+BLOCKS = {"kernels", "likelihoods", "linalg", "piecewise", "priors", "datasets", "exceptions",
+          "_validation",
           "_threads", "_core", "demo"}
 
 

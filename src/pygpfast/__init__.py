@@ -36,7 +36,7 @@ finally:
     if _omp_wait_policy is None:
         del _os.environ["OMP_WAIT_POLICY"]
 
-from . import cvi, datasets, kernels, likelihoods, linalg, piecewise
+from . import cvi, datasets, kernels, likelihoods, linalg, piecewise, priors
 from ._threads import get_num_threads, set_num_threads
 from .cvi import VGPClassifier, VGPPoissonRegressor
 from .svgp import SVGPClassifier, SVGPRegressor
@@ -57,6 +57,7 @@ __all__ = [
     "likelihoods",
     "linalg",
     "piecewise",
+    "priors",
     "set_num_threads",
     "__version__",
 ]

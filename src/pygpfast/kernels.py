@@ -12,6 +12,12 @@ Hyperparameters are positive. :attr:`Kernel.params` lists them flat, in the orde
 :attr:`Kernel.param_names`; :attr:`Kernel.theta` is their logarithm, the unconstrained
 parameterisation that optimisers use (the positivity transform is ``exp``), with box
 constraints :attr:`Kernel.bounds`.
+
+Each leaf may carry priors on its hyperparameters (:mod:`pygpfast.priors`), by name, for fits at
+the MAP point: ``RBF(priors={"lengthscale": LogNormal(0.0, 1.7)})``, or through scikit-learn's
+protocol, ``set_params(priors__lengthscale=...)`` (``kernel__priors__lengthscale`` from an
+estimator). :meth:`Kernel.log_prior` and :meth:`Kernel.grad_log_prior` sum their log densities
+over the tree, in the layout of :attr:`Kernel.theta`.
 """
 
 import copy
@@ -19,6 +25,7 @@ import copy
 import numpy as np
 
 from . import _core
+from . import priors as _priors
 from ._validation import as_matrix, as_vector, check_same_dim
 
 __all__ = [
@@ -247,6 +254,23 @@ class Kernel:
         """Box constraints on :attr:`theta`, [n_params, 2]: log of :data:`PARAM_BOUNDS`."""
         return np.tile(np.log(PARAM_BOUNDS), (self.n_params, 1))
 
+    # ---- priors ----
+
+    @property
+    def has_priors(self):
+        """Whether any hyperparameter of the tree has a prior (bool)."""
+        return not _priors.is_flat(self._prior_blocks())
+
+    def log_prior(self, theta=None):
+        """Sum of the log prior densities of the hyperparameters, as densities on theta (see
+        :mod:`pygpfast.priors`), at `theta` [n_params] (default: :attr:`theta`); 0.0 when no
+        hyperparameter has a prior."""
+        return _priors.log_prior(self._prior_blocks(), self.theta if theta is None else theta)[0]
+
+    def grad_log_prior(self, theta=None):
+        """Gradient of :meth:`log_prior` with respect to theta [n_params]."""
+        return _priors.log_prior(self._prior_blocks(), self.theta if theta is None else theta)[1]
+
     # ---- scikit-learn's parameter protocol ----
 
     def get_params(self, deep=True):
@@ -311,6 +335,7 @@ class Kernel:
         return X, X2
 
     # Subclasses implement:
+    #   _prior_blocks() -> list of (size, Prior or None, name), in the layout of theta
     #   _param_arrays() -> list of 1-D float64 arrays, the parameters in core order
     #   _assign(values) -> set the parameters from a validated flat array of that layout
     #   _names()        -> list of parameter names
@@ -339,6 +364,21 @@ class _Leaf(Kernel):
     _code = None  # core type code
     _label = None  # prefix of parameter names
     _fields = ()
+
+    @property
+    def priors(self):
+        """Priors on the hyperparameters (dict of name -> :class:`pygpfast.priors.Prior`, or
+        None for flat); a hyperparameter not named has none. Setting it validates a copy."""
+        return self.__dict__.get("_priors", {})
+
+    @priors.setter
+    def priors(self, value):
+        self._priors = _priors.check_priors(value, self._fields, type(self).__name__)
+
+    def _prior_blocks(self):
+        priors = self.priors
+        return [(a.size, priors.get(f), f"{type(self).__name__}.{f}")
+                for f, a in zip(self._fields, self._param_arrays())]
 
     def _param_arrays(self):
         return [np.atleast_1d(np.asarray(getattr(self, f), dtype=np.float64)) for f in self._fields]
@@ -374,9 +414,21 @@ class _Leaf(Kernel):
         params += arrays
 
     def _get_params(self, deep):
-        return {f: _copy_value(getattr(self, f)) for f in self._fields}
+        params = {f: _copy_value(getattr(self, f)) for f in self._fields}
+        params["priors"] = dict(self.priors)
+        return params
 
     def _set_param(self, name, items):
+        if name == "priors":  # (priors={...} replaces them; priors__<name>=p sets one)
+            priors = dict(self.priors) if "" not in items else (items.pop("") or {})
+            if not isinstance(priors, dict):
+                raise ValueError(f"{type(self).__name__}.priors must be a dict of "
+                                 f"hyperparameter name -> Prior (or None), got {priors!r}")
+            priors = dict(priors)
+            for key, value in items.items():
+                priors[key] = value
+            self.priors = priors
+            return
         if set(items) != {""}:
             inner = sorted(f"{name}__{k}" for k in items if k)
             raise ValueError(f"invalid parameter {inner[0]!r} for kernel {self!r}: {name} has no "
@@ -385,6 +437,8 @@ class _Leaf(Kernel):
 
     def __repr__(self):
         args = ", ".join(f"{f}={_format(getattr(self, f))}" for f in self._fields)
+        if self.priors:
+            args += f", priors={self.priors!r}"
         return f"{type(self).__name__}({args})"
 
 
@@ -401,9 +455,10 @@ class _Stationary(_Leaf):
     variance = _Hyperparameter()
     lengthscale = _Hyperparameter(per_dimension=True)
 
-    def __init__(self, variance=1.0, lengthscale=1.0):
+    def __init__(self, variance=1.0, lengthscale=1.0, priors=None):
         self.variance = variance
         self.lengthscale = lengthscale
+        self.priors = priors
 
 
 _STATIONARY_DOC = """{summary}
@@ -416,6 +471,9 @@ _STATIONARY_DOC = """{summary}
         Signal variance, > 0.
     lengthscale : float or array_like [D]
         One lengthscale (isotropic) or one per input dimension (ARD), > 0.
+    priors : dict or None
+        Priors by hyperparameter name (``"variance"``, ``"lengthscale"``), see
+        :mod:`pygpfast.priors`; None or a name left out: flat.
     """
 
 
@@ -453,13 +511,16 @@ class Linear(_Leaf):
     ----------
     variance : float or array_like [D]
         One variance shared by all dimensions or one per dimension (ARD), > 0.
+    priors : dict or None
+        Priors by hyperparameter name (``"variance"``), see :mod:`pygpfast.priors`.
     """
 
     _code, _label, _fields = _LINEAR, "linear", ("variance",)
     variance = _Hyperparameter(per_dimension=True)
 
-    def __init__(self, variance=1.0):
+    def __init__(self, variance=1.0, priors=None):
         self.variance = variance
+        self.priors = priors
 
 
 class Constant(_Leaf):
@@ -469,13 +530,16 @@ class Constant(_Leaf):
     ----------
     variance : float
         > 0.
+    priors : dict or None
+        Priors by hyperparameter name (``"variance"``), see :mod:`pygpfast.priors`.
     """
 
     _code, _label, _fields = _CONSTANT, "constant", ("variance",)
     variance = _Hyperparameter()
 
-    def __init__(self, variance=1.0):
+    def __init__(self, variance=1.0, priors=None):
         self.variance = variance
+        self.priors = priors
 
 
 class White(_Leaf):
@@ -489,13 +553,16 @@ class White(_Leaf):
     ----------
     variance : float
         Noise variance, > 0.
+    priors : dict or None
+        Priors by hyperparameter name (``"variance"``), see :mod:`pygpfast.priors`.
     """
 
     _code, _label, _fields = _WHITE, "white", ("variance",)
     variance = _Hyperparameter()
 
-    def __init__(self, variance=1.0):
+    def __init__(self, variance=1.0, priors=None):
         self.variance = variance
+        self.priors = priors
 
 
 class _Combination(Kernel):
@@ -584,6 +651,9 @@ class _Combination(Kernel):
 
     def _param_arrays(self):
         return [a for k in self.kernels for a in k._param_arrays()]
+
+    def _prior_blocks(self):
+        return [b for k in self.kernels for b in k._prior_blocks()]
 
     def _assign(self, values):
         start = 0

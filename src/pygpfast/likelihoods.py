@@ -20,6 +20,7 @@ import numbers
 import numpy as np
 
 from . import _core
+from . import priors as _priors
 from ._validation import as_matrix, as_vector
 
 __all__ = ["Likelihood", "Gaussian", "Bernoulli", "Poisson", "Softmax"]
@@ -115,6 +116,34 @@ class Likelihood:
             raise ValueError(f"exp(theta) must be finite and > 0, got theta = {values}")
         self.params = params
 
+    @property
+    def priors(self):
+        """Priors on the parameters (dict of name -> :class:`pygpfast.priors.Prior` or None, see
+        :mod:`pygpfast.priors`); a parameter not named has none."""
+        return self.__dict__.get("_priors", {})
+
+    @priors.setter
+    def priors(self, value):
+        self._priors = _priors.check_priors(value, self.param_names, type(self).__name__)
+
+    def _prior_blocks(self):
+        return [(1, self.priors.get(name), f"{type(self).__name__}.{name}")
+                for name in self.param_names]
+
+    @property
+    def has_priors(self):
+        """Whether any parameter has a prior (bool)."""
+        return any(prior is not None for prior in self.priors.values())
+
+    def log_prior(self, theta=None):
+        """Sum of the parameters' log prior densities on theta (0.0 without priors), at `theta`
+        [n_params] (default: :attr:`theta`)."""
+        return _priors.log_prior(self._prior_blocks(), self.theta if theta is None else theta)[0]
+
+    def grad_log_prior(self, theta=None):
+        """Gradient of :meth:`log_prior` with respect to theta [n_params]."""
+        return _priors.log_prior(self._prior_blocks(), self.theta if theta is None else theta)[1]
+
     def _points(self, mu, var, y=None):
         mu = as_vector(mu, "mu")
         var = as_vector(var, "var", size=mu.shape[0])
@@ -209,12 +238,15 @@ class Gaussian(Likelihood):
     ----------
     variance : float, default 1.0
         Noise variance (positive); the likelihood's one parameter.
+    priors : dict or None, default None
+        ``{"variance": prior}`` (:mod:`pygpfast.priors`) for fits at the MAP point; None: flat.
     """
 
     param_names = ("variance",)
 
-    def __init__(self, variance=1.0):
+    def __init__(self, variance=1.0, priors=None):
         self.variance = _check_positive(variance, "variance")
+        self.priors = priors
 
     def _core_args(self):
         return (_GAUSSIAN, self.variance, 1, 0)

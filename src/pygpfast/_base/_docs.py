@@ -8,6 +8,14 @@ KERNEL = """    kernel : pygpfast.kernels.Kernel or None, default None
 
 COMMON = """    optimize_hyperparameters : bool, default True
         Learn the kernel's (and the likelihood's) parameters; False keeps them fixed.
+    priors : {'default', None}, default 'default'
+        Priors on the hyperparameters: the search maximises the objective plus their log
+        density (the MAP point; ``objective_`` is that sum, ``log_prior_`` the prior's share).
+        'default': a log-normal on each lengthscale centred near the data's scale and widening
+        with D (Hvarfner, Hellsten & Nardi 2024), weak log-normals on the kernel variance and a
+        Gaussian noise variance (:mod:`pygpfast._base._priors`); a prior set on the kernel
+        (``kernel__priors__lengthscale``) takes precedence. None: the kernel's own priors only
+        (none unless set): plain type-II maximum likelihood.
     jitter : float in [0, 1), default 1e-6
         Added to the diagonal of the kernel matrix, relative to its mean diagonal.
     random_state : int, RandomState or None, default None
@@ -21,7 +29,10 @@ COMMON = """    optimize_hyperparameters : bool, default True
 """
 
 ATTRIBUTES = """    objective_ : float
-        The value the fit maximised (see the estimator's summary).
+        The value the fit maximised (see the estimator's summary), plus ``log_prior_``.
+    log_prior_ : float
+        The log prior density of the fitted hyperparameters (on their logarithms, see
+        :mod:`pygpfast.priors`): the priors' share of ``objective_``; 0.0 without priors.
     history_ : ndarray [n_iter_]
         objective_ after each iteration (of the search kept, see restart_).
     n_iter_ : int

@@ -10,7 +10,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 from ..exceptions import HeldWarnings
-from . import _diagnose, _start
+from . import _diagnose, _priors, _start
 from ._params import KernelParams, callback_says_stop, check_params
 
 
@@ -22,7 +22,8 @@ class GPEstimator(KernelParams, BaseEstimator):
     ``verbose`` names the objective: "ELBO", "bound", ...), and may override
     :meth:`_target_scale` (the latent scale the default kernel's variance starts at).
 
-    Fitted attributes every estimator has: ``objective_`` (the value the fit maximised),
+    Fitted attributes every estimator has: ``objective_`` (the value the fit maximised: the
+    objective plus ``log_prior_``, the log prior density of the fitted hyperparameters),
     ``history_`` (ndarray [n_iter_], the objective after each iteration), ``n_iter_``,
     ``kernel_`` (the fitted kernel: a copy, never the ``kernel`` parameter itself) and
     ``restart_`` (the second search, or None).
@@ -34,6 +35,25 @@ class GPEstimator(KernelParams, BaseEstimator):
 
     def _target_scale(self):
         return 1.0
+
+    # ------------------------------------------------------------------ priors
+    def _default_priors_on(self):
+        """Whether the fit attaches the default priors: priors='default' and a search."""
+        return self.priors == "default" and bool(self.optimize_hyperparameters)
+
+    def _with_default_priors(self, kernel, X):
+        """`kernel` (a copy the fit owns) with the default priors on the hyperparameters that
+        have none set, when :meth:`_default_priors_on`; in place, returned."""
+        if self._default_priors_on():
+            _priors.attach_default_priors(kernel, X, self._target_scale())
+        return kernel
+
+    def _with_default_noise_prior(self, likelihood):
+        """`likelihood` with the default prior on a Gaussian noise variance, when
+        :meth:`_default_priors_on`; in place, returned."""
+        if self._default_priors_on():
+            _priors.attach_default_noise_prior(likelihood, self._target_scale())
+        return likelihood
 
     def __sklearn_is_fitted__(self):
         # (a failed fit removes the marker but may leave other attributes, which scikit-learn's

@@ -88,6 +88,7 @@ COMMON = {
     "random_state": (RANDOM_STATE,),
     "verbose": (VERBOSE,),
     "callback": (NONE, CALLABLE),
+    "priors": (Options("default", None),),
 }
 
 

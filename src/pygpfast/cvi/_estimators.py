@@ -40,6 +40,9 @@ class _Hyperparameters:
     """The learned hyperparameters as one unconstrained vector theta:
     [log kernel params (P)] + [constant prior means (L), when learned] +
     [phi_0, log(phi_1 - phi_0), ..., log(phi_{K-2} - phi_{K-3})] (ordinal thresholds).
+
+    Priors (:mod:`pygpfast.priors`) are those of the kernel's hyperparameters; the means and the
+    thresholds are flat.
     """
 
     def __init__(self, kernel, local_bound, mean, learn_mean):
@@ -82,10 +85,21 @@ class _Hyperparameters:
             self.local_bound = LocalBound("ordinal", bound=lb.bound, n_pieces=lb.n_pieces,
                                           n_classes=lb.n_classes, thresholds=phi)
 
+    @property
+    def has_prior(self):
+        return self.kernel.has_priors
+
+    def log_prior(self):
+        """The log prior density at the current theta (0.0 without priors)."""
+        return float(self.kernel.log_prior()) if self.kernel.has_priors else 0.0
+
     def gradient(self, d_kernel, d_mean, d_thresholds):
-        """d bound / d theta from the gradients w.r.t. the positive kernel parameters, the means
-        and the thresholds."""
-        parts = [d_kernel * self.kernel.params]
+        """d (bound + log prior) / d theta from the bound's gradients w.r.t. the positive kernel
+        parameters, the means and the thresholds (the prior's, at the current theta, added)."""
+        d_theta = d_kernel * self.kernel.params
+        if self.kernel.has_priors:
+            d_theta = d_theta + self.kernel.grad_log_prior()
+        parts = [d_theta]
         if self.learn_mean:
             parts.append(d_mean)
         if self.ordinal:
@@ -209,6 +223,7 @@ class _VGPEstimator(GPEstimator):
         rs = check_random_state(self.random_state)
         kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
                   else _start.default_kernel(X, rs))
+        self._with_default_priors(kernel, X)
         start = copy.deepcopy(kernel)
         memory = self._memory_plan(X.shape[0], local_bound, kernel)
         check_fits(*memory)
@@ -239,6 +254,8 @@ class _VGPEstimator(GPEstimator):
             raise
         if not self.optimize_hyperparameters:
             self.history_, self.n_evaluations_ = info["history"][:, 0].copy(), 1
+            if run.hyper.has_prior:
+                self.history_ += self.log_prior_
             self.n_iter_ = int(info["iterations"])
             if self.verbose:
                 print(f"[{type(self).__name__}] bound {self.objective_: .8e}  "
@@ -270,7 +287,10 @@ class _VGPEstimator(GPEstimator):
         self.kernel_ = copy.deepcopy(run.hyper.kernel)
         self.local_bound_ = copy.deepcopy(run.hyper.local_bound)
         self.mean_ = run.hyper.mean.copy()
+        self.log_prior_ = run.hyper.log_prior()
         self.objective_ = float(info["bound"])
+        if run.hyper.has_prior:
+            self.objective_ += self.log_prior_
         self.inference_info_ = {k: v for k, v in info.items() if k != "history"}
         self.alpha_, self.lambda_ = alpha.T.copy(), lam.T.copy()  # ([N, L]; the core's are [L, N])
         self.predictive_factor_ = None  # (_predictive_factor computes it when first needed)
@@ -322,13 +342,16 @@ class _VGPEstimator(GPEstimator):
                 "method='fixed-point'", ConvergenceWarning, stacklevel=4)
 
     def _optimise(self, run):
-        """L-BFGS-B on -bound / N over the hyperparameters: the best theta; a
+        """L-BFGS-B on -(bound + log prior) / N over the hyperparameters: the best theta; a
         ConvergenceWarning when it stopped at max_iter."""
         N = run.X.shape[0]
 
         def objective(theta):
             info, grads = run.evaluate(theta)
-            return -info["bound"] / N, -run.hyper.gradient(*grads) / N
+            value = info["bound"]
+            if run.hyper.has_prior:
+                value = value + run.hyper.log_prior()
+            return -value / N, -run.hyper.gradient(*grads) / N
 
         def on_iteration(it, theta, value):
             return self._report(it, -value * N, f"{run.evaluations} evaluations",
@@ -452,7 +475,8 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
     __doc__ = (
         """Full-GP classifier by concave variational inference (Khan, Mohamed & Murphy 2012): a
     Gaussian q per latent function, fitted by maximising a concave lower bound on log p(y)
-    (``objective_``) with closed-form local bounds.
+    plus the log prior of the hyperparameters (``objective_``; the bound alone with
+    ``priors=None``) with closed-form local bounds.
 
     Parameters
     ----------
@@ -484,15 +508,16 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
 """ + _ATTRIBUTES + _docs.NOTES)
 
     def __init__(self, kernel=None, *, likelihood="logit", bound="quadratic", n_pieces=20,
-                 method="fixed-point", optimize_hyperparameters=True, max_iter=200,
-                 inner_max_iter=200, tol=1e-8, block_size=None, jitter=1e-6, classes=None,
-                 learn_mean=None, random_state=None, verbose=0, callback=None):
+                 method="fixed-point", optimize_hyperparameters=True, priors="default",
+                 max_iter=200, inner_max_iter=200, tol=1e-8, block_size=None, jitter=1e-6,
+                 classes=None, learn_mean=None, random_state=None, verbose=0, callback=None):
         self.likelihood = likelihood
         self.kernel = kernel
         self.bound = bound
         self.n_pieces = n_pieces
         self.method = method
         self.optimize_hyperparameters = optimize_hyperparameters
+        self.priors = priors
         self.max_iter = max_iter
         self.inner_max_iter = inner_max_iter
         self.tol = tol
@@ -648,7 +673,8 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         """Full-GP Poisson regression (rate exp(f)) by concave variational inference (Khan,
     Mohamed & Murphy 2012): the local bound is the exact expectation
     y m - exp(m + v/2) - lgamma(y + 1); real targets y >= 0 are taken by the same formula.
-    The fit maximises the lower bound on log p(y) (``objective_``).
+    The fit maximises the lower bound on log p(y) plus the log prior of the hyperparameters
+    (``objective_``; the bound alone with ``priors=None``).
 
     Parameters
     ----------
@@ -667,11 +693,12 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         return tags
 
     def __init__(self, kernel=None, *, method="fixed-point", optimize_hyperparameters=True,
-                 max_iter=200, inner_max_iter=200, tol=1e-8, block_size=None, jitter=1e-6,
-                 learn_mean=True, random_state=None, verbose=0, callback=None):
+                 priors="default", max_iter=200, inner_max_iter=200, tol=1e-8, block_size=None,
+                 jitter=1e-6, learn_mean=True, random_state=None, verbose=0, callback=None):
         self.kernel = kernel
         self.method = method
         self.optimize_hyperparameters = optimize_hyperparameters
+        self.priors = priors
         self.max_iter = max_iter
         self.inner_max_iter = inner_max_iter
         self.tol = tol

@@ -165,11 +165,12 @@ class _SVGPEstimator(GPEstimator):
             M = Z.shape[0]
         else:
             Z, M = None, min(self.n_inducing, X.shape[0])
-        likelihood = self._make_likelihood()
+        likelihood = self._with_default_noise_prior(self._make_likelihood())
         memory = self._memory_plan(M, likelihood.n_latent, optimizer, call)
         check_fits(*memory)
         kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
                   else _start.default_kernel(X, rs, self._target_scale()))
+        self._with_default_priors(kernel, X)
         if Z is None:
             Z = _start.init_inducing(X, M, rs)
         return SVGP(kernel, likelihood, Z, whiten=self.whiten, jitter=self.jitter,
@@ -231,8 +232,8 @@ class _SVGPEstimator(GPEstimator):
             # The first search fits the model started above; a second one, from `kernel`, a
             # model with the same starting Z, q(u) and likelihood.
             fitted = model if kernel is None else SVGP(
-                kernel, self._make_likelihood(), Z0, whiten=self.whiten, jitter=self.jitter,
-                prior_mean=self._prior_mean(t))
+                kernel, self._with_default_noise_prior(self._make_likelihood()), Z0,
+                whiten=self.whiten, jitter=self.jitter, prior_mean=self._prior_mean(t))
             self._set_model(fitted)
             self._start_reporting()
             self._fit_model(fitted, X, t, optimizer)
@@ -266,6 +267,13 @@ class _SVGPEstimator(GPEstimator):
             self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
         else:
             self._fit_kl(model, X, t, optimizer)
+        self.log_prior_ = self._log_prior(self.model_)
+
+    @staticmethod
+    def _log_prior(model):
+        """The log prior density of the model's kernel and likelihood parameters (0.0 without
+        priors): log_prior_."""
+        return float(model.kernel.log_prior() + model.likelihood.log_prior())
 
     def _fit_kl(self, model, X, t, optimizer):
         """method='kl' with the (resolved) optimizer: L-BFGS-B or minibatch steps."""
@@ -284,6 +292,8 @@ class _SVGPEstimator(GPEstimator):
                                "or whiten=True can help)", ConvergenceWarning)
             self._set_model(model)
             self.objective_ = model.elbo(X, t)[0]
+            if model.kernel.has_priors or model.likelihood.has_priors:
+                self.objective_ += self._log_prior(model)
             self.n_steps_ = self.n_iter_
             unit = "iterations"
         else:
@@ -512,6 +522,7 @@ class _SVGPEstimator(GPEstimator):
         self.n_steps_ += steps
         self._report_step(self.n_iter_, elbo, rows / max(time.perf_counter() - t0, 1e-12))
         self._end_reporting()
+        self.log_prior_ = self._log_prior(self.model_)
         if first:  # (the start, on the first chunk: minibatch steps cannot search again)
             found = self._diagnose(_start.diagnosis_sample(X), start, False)
             if found is not None:
@@ -521,7 +532,7 @@ class _SVGPEstimator(GPEstimator):
     #: What partial_fit reads only when it starts the model (the first call) or the optimiser
     #: (the first call, or the first after a fit); it reads the other parameters at every call.
     _MODEL_PARAMS = ("kernel", "likelihood", "noise_variance", "n_inducing", "inducing_points",
-                     "method", "whiten",
+                     "method", "whiten", "priors",
                      "jitter", "random_state", "normalize_y")
     _OPTIMISER_PARAMS = ("optimizer", "learning_rate", "natgrad_step", "train_inducing",
                          "optimize_hyperparameters")
@@ -564,7 +575,7 @@ class _SVGPEstimator(GPEstimator):
         self._set_mf(model, fit)
         self.optimizer_ = "lbfgs"
         self.n_iter_ = self.n_steps_ = fit.n_iter
-        self.objective_ = fit.bound
+        self.objective_ = fit.bound + fit.log_prior
         return self
 
     def _set_mf(self, model, fit):
@@ -646,7 +657,8 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
                               "likelihood": (Options(None, "probit", "logit", "softmax"),)}
     __doc__ = (
         """Gaussian-process classifier with a sparse variational posterior (SVGP), binary or
-    multi-class, for labels of any type. The fit maximises the ELBO (``objective_``).
+    multi-class, for labels of any type. The fit maximises the ELBO plus the log prior of the
+    hyperparameters (``objective_``; the ELBO alone with ``priors=None``).
 """ + _PARAMETERS + """    likelihood : {None, 'probit', 'logit', 'softmax'}, default None
         'probit', 'logit': Bernoulli with that link, one latent function (two classes only).
         'softmax': C latent functions sharing Z and the kernel (any C >= 2). None: 'probit'
@@ -662,8 +674,8 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
     def __init__(self, kernel=None, *, likelihood=None, n_inducing=100, inducing_points=None,
                  method="kl", whiten=True, optimizer="auto", batch_size="auto", learning_rate="auto",
                  natgrad_step="auto", max_iter=None, tol=1e-6, n_iter_no_change=5,
-                 train_inducing=True, optimize_hyperparameters=True, jitter=1e-6, random_state=None,
-                 verbose=0, callback=None):
+                 train_inducing=True, optimize_hyperparameters=True, priors="default", jitter=1e-6,
+                 random_state=None, verbose=0, callback=None):
         self.kernel = kernel
         self.likelihood = likelihood
         self.n_inducing = n_inducing
@@ -679,6 +691,7 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
         self.n_iter_no_change = n_iter_no_change
         self.train_inducing = train_inducing
         self.optimize_hyperparameters = optimize_hyperparameters
+        self.priors = priors
         self.jitter = jitter
         self.random_state = random_state
         self.verbose = verbose
@@ -774,8 +787,9 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
                               "normalize_y": (BOOL,)}
     __doc__ = (
         """Sparse variational GP regression (Hensman, Fusi & Lawrence 2013): real targets with a
-    Gaussian likelihood, or counts with a Poisson one. The fit maximises the ELBO
-    (``objective_``, of the standardised targets when normalize_y).
+    Gaussian likelihood, or counts with a Poisson one. The fit maximises the ELBO plus the log
+    prior of the hyperparameters (``objective_``, of the standardised targets when normalize_y;
+    the ELBO alone with ``priors=None``).
 """ + _PARAMETERS + """    likelihood : {'gaussian', 'poisson'}, default 'gaussian'
         'poisson': count regression, the log rate a learned constant (started at log mean(y),
         ``model_.prior_mean``) plus the GP; real targets y >= 0 are taken by the same formula.
@@ -796,8 +810,8 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
                  normalize_y=True, n_inducing=100,
                  inducing_points=None, method="kl", whiten=True, optimizer="auto", batch_size="auto",
                  learning_rate="auto", natgrad_step="auto", max_iter=None, tol=1e-6, n_iter_no_change=5,
-                 train_inducing=True, optimize_hyperparameters=True, jitter=1e-6, random_state=None,
-                 verbose=0, callback=None):
+                 train_inducing=True, optimize_hyperparameters=True, priors="default", jitter=1e-6,
+                 random_state=None, verbose=0, callback=None):
         self.kernel = kernel
         self.likelihood = likelihood
         self.noise_variance = noise_variance
@@ -815,6 +829,7 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         self.n_iter_no_change = n_iter_no_change
         self.train_inducing = train_inducing
         self.optimize_hyperparameters = optimize_hyperparameters
+        self.priors = priors
         self.jitter = jitter
         self.random_state = random_state
         self.verbose = verbose

@@ -109,6 +109,9 @@ class MFFit:
     q_sqrt: np.ndarray  #: [M, M] its lower-triangular square root
     bound: float  #: eq. (12) at the result
     n_iter: int  #: L-BFGS-B iterations
+    #: the log prior density of the kernel's hyperparameters at the result (0.0 without
+    #: priors); the search maximised bound + log_prior
+    log_prior: float = 0.0
 
 
 def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_iter=5000, tol=1e-6,
@@ -134,6 +137,8 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         L-BFGS-B's relative tolerance on the bound (``ftol``).
     report : callable, optional
         ``report(iteration, bound, rows_per_s, current)`` after every iteration; True stops.
+        With priors on the kernel's hyperparameters (:mod:`pygpfast.priors`) the search
+        maximises the bound plus their log density, and ``bound`` here is that sum.
         ``current()`` returns the :class:`MFFit` at the iterate (its posterior costs an
         O(N M^2) solve, so call it only when needed); the kernel holds the iterate's
         parameters during the call.
@@ -172,6 +177,8 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         if train_hyper:
             kernel.theta = x[n_Z:]
 
+    with_prior = kernel.has_priors
+
     def objective(x):
         set_x(x)
         value, g = solve(True)
@@ -179,13 +186,20 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         if train_Z:
             parts.append((g["Z"] * z_scale).ravel())
         if train_hyper:
-            parts.append(g["kernel"] * kernel.params)  # d/dtheta = params * d/dparams
+            d_theta = g["kernel"] * kernel.params  # d/dtheta = params * d/dparams
+            if with_prior:
+                value += kernel.log_prior()
+                d_theta += kernel.grad_log_prior()
+            parts.append(d_theta)
         return -value / N, -np.concatenate(parts) / N
+
+    def log_prior():
+        return kernel.log_prior() if with_prior else 0.0
 
     def current():
         q_mu, q_sqrt = mf_posterior(kernel, Z, X, y, state["a"], jitter=jitter)
         return MFFit(a=state["a"].copy(), Z=Z.copy(), q_mu=q_mu, q_sqrt=q_sqrt,
-                     bound=float(state["bound"]), n_iter=state["it"])
+                     bound=float(state["bound"]), n_iter=state["it"], log_prior=log_prior())
 
     def on_iteration(_, x, __):
         state["it"] += 1
@@ -193,7 +207,8 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         rate = N / max(now - state["clock"], 1e-12)
         state["clock"] = now
         set_x(x)  # the accepted iterate, not the last line-search trial
-        return report is not None and report(state["it"], state["bound"], rate, current)
+        return report is not None and report(state["it"], state["bound"] + log_prior(), rate,
+                                             current)
 
     # Stage 2: Z and the kernel parameters at the optimal a.
     if train_Z or train_hyper:
@@ -223,7 +238,7 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
         )
     q_mu, q_sqrt = mf_posterior(kernel, Z, X, y, state["a"], jitter=jitter)
     return MFFit(a=state["a"], Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, bound=float(state["bound"]),
-                 n_iter=state["it"])
+                 n_iter=state["it"], log_prior=log_prior())
 
 
 def check_estimator_params(estimator):

@@ -36,6 +36,7 @@ from .._validation import power_of_two_unit
 from ..exceptions import warn_at_caller
 from ..kernels import hyper_bounds
 from ..likelihoods import Gaussian, Poisson
+from ..priors import log_prior as _log_prior
 
 __all__ = [
     "Adadelta",
@@ -80,6 +81,10 @@ class Packer:
     Optimisers call :meth:`apply` every step: it sets q and Z on the model and returns the
     hyperparameters in the core's form without writing them to the kernel and likelihood
     objects (which validate every assignment); :meth:`commit` writes everything back.
+
+    Priors on the kernel's and the likelihood's parameters (:mod:`pygpfast.priors`):
+    :attr:`has_prior` says whether there are any, :meth:`log_prior` gives their log density
+    and its gradient in the hyperparameter slots, which the optimisers add to the ELBO's.
     """
 
     def __init__(self, model, *, train_q=True, train_Z=True, train_hyper=True):
@@ -97,6 +102,8 @@ class Packer:
         self._hyper_start = self._mean_start + self.n_mean
         self.size = self._hyper_start + self.n_kern + self.n_lik
         self._fixed_hyper = model.core_hyper()
+        self._prior_blocks = model.kernel._prior_blocks() + model.likelihood._prior_blocks()
+        self.has_prior = any(prior is not None for _, prior, _ in self._prior_blocks)
         self.z_scale = column_spread(model.Z)
         self.q_scale = 1.0  # (a power of two: packing and unpacking q are exact)
         if train_q and not model.whiten:
@@ -161,6 +168,28 @@ class Packer:
             i = self._hyper_start
             self.model.kernel.theta = x[i : i + self.n_kern]
             self.model.likelihood.theta = x[i + self.n_kern :]
+
+    def log_prior(self, x):
+        """(log prior density of the hyperparameters at x, its gradient w.r.t. x's hyperparameter
+        slots [size - hyper_start]): at the model's own hyperparameters, a constant, when they
+        are not trained."""
+        if self.train_hyper:
+            theta = x[self._hyper_start :]
+        else:
+            theta = np.concatenate([self.model.kernel.theta, self.model.likelihood.theta])
+        value, grad = _log_prior(self._prior_blocks, theta)
+        return value, grad if self.train_hyper else np.zeros(0)
+
+    def add_log_prior(self, value, grad, x):
+        """The log joint: ``value`` (an ELBO) plus the log prior at x, and ``grad`` (the ELBO's,
+        from :meth:`grad`; changed in place) plus the prior's gradient. Both as given when
+        there are no priors."""
+        if not self.has_prior:
+            return value, grad
+        lp, d_lp = self.log_prior(x)
+        if d_lp.size:
+            grad[self._hyper_start :] += d_lp
+        return value + lp, grad
 
     def grad(self, g, x):
         """Gradient w.r.t. the packed vector x, from the gradient dict of ``SVGP.elbo``."""
@@ -375,6 +404,12 @@ class StochasticTrainer:
     100 000-row problem (bench/python/svgp_fit.py, M = 100, B = 256): hold-out NLPD after
     2 epochs 0.2399 with the decay against 0.2435 with a constant 0.01 and 0.2403 with a
     constant 0.002 (which is slower from a poor start).
+
+    Priors on the hyperparameters: each minibatch's objective is its ELBO estimate of the full
+    data (the expected log-likelihood scaled by N / B, the KL once) plus the log prior, once
+    and whole, as the KL: an unbiased estimate of the full-data log joint, whose gradient the
+    steps follow. (Summed over an epoch's N / B minibatches rather than averaged, the prior
+    would be weighted B / N per minibatch; the steps here average.)
     """
 
     #: Decay of Adam's step size on Z and the hyperparameters under natural gradients.
@@ -424,8 +459,11 @@ class StochasticTrainer:
                 else:
                     self.natgrad.step(model, g["d_ell_m"], g["d_ell_S"], rho, prior)
             if packer.size:
-                x = np.clip(self.opt.step(x, packer.grad(g, x) / -n_total), packer.lower, packer.upper)
+                value, grad = packer.add_log_prior(value, packer.grad(g, x), x)
+                x = np.clip(self.opt.step(x, grad / -n_total), packer.lower, packer.upper)
                 hyper = packer.apply(x)
+            elif packer.has_prior:
+                value = packer.add_log_prior(value, np.zeros(0), x)[0]
             self.t += 1
             total += value
             rows += X_b.shape[0]
@@ -541,7 +579,8 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
         scipy's ``ftol``: stop when the ELBO per row changes by less than ``tol`` (relative to
         max(|ELBO / N|, 1)) in one iteration.
     report : callable
-        ``report(iteration, elbo, rows_per_s) -> stop`` after every iteration.
+        ``report(iteration, elbo, rows_per_s) -> stop`` after every iteration (the ELBO plus
+        the log prior of the hyperparameters when they have priors: the objective maximised).
 
     Returns
     -------
@@ -557,8 +596,9 @@ def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
     def run(packer, maxiter):
         def objective(x):
             value, g = model.elbo(X, t, scale=1.0, with_grad=True, hyper=packer.apply(x))
+            value, grad = packer.add_log_prior(value, packer.grad(g, x), x)
             state["elbo"] = value
-            return -value / N, packer.grad(g, x) / -N
+            return -value / N, grad / -N
 
         def on_iteration(_, x, __):
             state["it"] += 1
