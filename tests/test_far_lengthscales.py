@@ -26,21 +26,28 @@ def _data(n=N, seed=0):
                "real": np.sin(X[:, 0]) + 0.1 * rng.standard_normal(n)}
 
 
-# (estimator factory, target)
+# (estimator factory, target). Type-II maximum likelihood (priors=None): the default priors pull
+# a far start back to the data's scale in the first search (tests/test_priors.py), and these
+# tests are about the second search.
 CASES = {
-    "VGP logit": (lambda k: VGPClassifier(kernel=k), "binary"),
-    "VGP multinomial": (lambda k: VGPClassifier(likelihood="softmax", kernel=k), "ordered"),
-    "VGP ordinal": (lambda k: VGPClassifier(likelihood="ordinal", kernel=k), "ordered"),
-    "VGP stick-breaking": (lambda k: VGPClassifier(likelihood="stick-breaking", kernel=k), "ordered"),
-    "VGP Poisson": (lambda k: VGPPoissonRegressor(kernel=k), "counts"),
-    "SVGP probit": (lambda k: SVGPClassifier(kernel=k, n_inducing=20, random_state=0), "binary"),
-    "SVGP mf": (lambda k: SVGPClassifier(kernel=k, n_inducing=20, method="mf", random_state=0),
-                "binary"),
-    "SVGP softmax": (lambda k: SVGPClassifier(kernel=k, n_inducing=20, random_state=0),
-                     "ordered"),
-    "SVGP Poisson": (lambda k: SVGPRegressor(kernel=k, likelihood="poisson",
-                                             n_inducing=20, random_state=0), "counts"),
-    "SVGP Gaussian": (lambda k: SVGPRegressor(kernel=k, n_inducing=20, random_state=0), "real"),
+    "VGP logit": (lambda k: VGPClassifier(kernel=k, priors=None), "binary"),
+    "VGP multinomial": (lambda k: VGPClassifier(likelihood="softmax", kernel=k, priors=None),
+                        "ordered"),
+    "VGP ordinal": (lambda k: VGPClassifier(likelihood="ordinal", kernel=k, priors=None),
+                    "ordered"),
+    "VGP stick-breaking": (lambda k: VGPClassifier(likelihood="stick-breaking", kernel=k,
+                                                   priors=None), "ordered"),
+    "VGP Poisson": (lambda k: VGPPoissonRegressor(kernel=k, priors=None), "counts"),
+    "SVGP probit": (lambda k: SVGPClassifier(kernel=k, n_inducing=20, random_state=0,
+                                             priors=None), "binary"),
+    "SVGP mf": (lambda k: SVGPClassifier(kernel=k, n_inducing=20, method="mf", random_state=0,
+                                         priors=None), "binary"),
+    "SVGP softmax": (lambda k: SVGPClassifier(kernel=k, n_inducing=20, random_state=0,
+                                              priors=None), "ordered"),
+    "SVGP Poisson": (lambda k: SVGPRegressor(kernel=k, likelihood="poisson", n_inducing=20,
+                                             random_state=0, priors=None), "counts"),
+    "SVGP Gaussian": (lambda k: SVGPRegressor(kernel=k, n_inducing=20, random_state=0,
+                                              priors=None), "real"),
 }
 
 
@@ -78,7 +85,7 @@ def test_the_second_search_is_deterministic_and_keeps_the_kernels_structure():
     # random_state (the default kernel's heuristic subsamples above 1000 rows).
     X, ys = _data(1200)
     kernel = kernels.Matern32(lengthscale=[1e-4, 1e-4]) + White(0.01)
-    fits = [SVGPClassifier(kernel=kernel, n_inducing=10, random_state=3)
+    fits = [SVGPClassifier(kernel=kernel, n_inducing=10, random_state=3, priors=None)
             .fit(X, ys["binary"]) for _ in range(2)]
     start = fits[0].restart_["start"]
     assert isinstance(start, kernels.Sum) and isinstance(start.kernels[0], kernels.Matern32)
@@ -162,7 +169,7 @@ def test_a_memoriser_reached_from_the_default_start_is_searched_again_from_a_smo
     X, y, Xnew, truth = _memoriser_data(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        est = VGPPoissonRegressor(random_state=0).fit(X, y)
+        est = VGPPoissonRegressor(random_state=0, priors=None).fit(X, y)
     assert est.restart_["reason"] == "isolated" and est.restart_["kept"] == "data-scaled"
     first, second = est.restart_["objectives"]
     assert first < -300 and second > -230
@@ -180,7 +187,7 @@ def test_a_memoriser_the_search_moved_to_is_a_convergence_warning(monkeypatch):
     X, y, _, _ = _memoriser_data(3)
     with pytest.warns(ConvergenceWarning, match=r"numerically diagonal.*The search moved there "
                                                 r"from a start that correlates the inputs"):
-        est = VGPPoissonRegressor(random_state=0).fit(X, y)
+        est = VGPPoissonRegressor(random_state=0, priors=None).fit(X, y)
     assert est.restart_ is None
 
 
@@ -188,7 +195,7 @@ def test_a_memoriser_the_search_moved_to_is_a_convergence_warning(monkeypatch):
                                            (RBF(lengthscale=1.0), 1.0)])
 @pytest.mark.parametrize("make", [
     lambda k: VGPClassifier(kernel=k),
-    lambda k: VGPClassifier(likelihood="ordinal", kernel=k),
+    lambda k: VGPClassifier(likelihood="ordinal", kernel=k, priors=None),
     lambda k: SVGPClassifier(kernel=k, n_inducing=20, random_state=0),
     lambda k: SVGPClassifier(kernel=k, n_inducing=20, optimizer="natgrad", max_iter=200,
                              random_state=0),

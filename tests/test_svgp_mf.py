@@ -358,10 +358,12 @@ def test_classifier_mf_fits_banana_like_data(rng):
     assert nlp < 0.25
     assert clf.mf_a_.shape == (300,) and clf.inducing_points_.shape == (12, 2)
     assert clf.optimizer_ == "lbfgs" and len(clf.history_) == clf.n_iter_ > 0
-    # objective_ is eq. (12) at the fitted a, Z and kernel, and the history increases overall.
+    # objective_ is eq. (12) at the fitted a, Z and kernel plus the log prior of the kernel's
+    # hyperparameters, and the history increases overall.
     t = (y == "pos").astype(float)
     value = bound(clf.kernel_, clf.inducing_points_, X, t, clf.mf_a_)[0]
-    np.testing.assert_allclose(clf.objective_, value, rtol=1e-10)
+    assert clf.log_prior_ == clf.kernel_.log_prior() < 0.0
+    np.testing.assert_allclose(clf.objective_, value + clf.log_prior_, rtol=1e-10)
     assert clf.history_[-1] >= clf.history_[0]
     clone = pickle.loads(pickle.dumps(clf))
     np.testing.assert_array_equal(clone.predict_proba(Xt), P)

@@ -58,5 +58,7 @@ NOTES = """
     When it finds one and the search may be repeated, a second search starts from the data's
     scale (the given kernel's structure with the default kernel's lengthscales and variance) and
     the fit keeps whichever reaches the higher objective, with the warnings of that search only
-    (``restart_``). A degeneracy that remains is a ``ConvergenceWarning`` naming the cause.
+    (``restart_``). With priors, which pull a search off such a start but may let it stall on
+    the way, a start that is itself degenerate is searched again the same way. A degeneracy
+    that remains is a ``ConvergenceWarning`` naming the cause.
 """

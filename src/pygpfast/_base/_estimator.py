@@ -125,8 +125,9 @@ class GPEstimator(KernelParams, BaseEstimator):
                                   Z=getattr(self, "inducing_points_", None))
 
     def _search_twice(self, search, X, start, random_state, *, may_search_again):
-        """Run ``search(None)`` (the first search, from `start`), and when it ends degenerate and
-        `may_search_again`, ``search(kernel)`` from the data-scaled start
+        """Run ``search(None)`` (the first search, from `start`), and when it ends degenerate (or,
+        with priors on the hyperparameters, started degenerate) and `may_search_again`,
+        ``search(kernel)`` from the data-scaled start
         (:func:`pygpfast._base._start.second_start`); keep whichever reaches the higher
         objective_, with pygpfast's warnings of that search only, and record both in restart_.
 
@@ -140,13 +141,23 @@ class GPEstimator(KernelParams, BaseEstimator):
         with HeldWarnings(may_search_again) as held:
             stopped = search(None)
         found = self._diagnose(sample, start, self.optimize_hyperparameters)
-        if found is not None and may_search_again and not stopped:
+        again = found
+        if found is None and may_search_again and not stopped and start.has_priors:
+            # Priors pull a search off a degenerate start (the lengthscales towards the data's
+            # scale), but it may stall on the way where the objective is still nearly flat:
+            # from RBF(lengthscale=1e-4), SVGP Poisson stopped at a log joint of -554 (R^2
+            # 0.04) against -278 from the data's scale. Such a start is searched again too.
+            again = _diagnose.diagnose(start, sample, start=start, scale=self._target_scale(),
+                                       who=type(self).__name__, searched=False,
+                                       Z=getattr(self, "inducing_points_", None))
+        if again is not None and may_search_again and not stopped:
             scale = self._target_scale()
             scaled = _start.second_start(start, X, random_state, scale)
             if scaled is not None:
                 first = self._fitted_state()
                 if self.verbose:
-                    print(f"[{type(self).__name__}] the search ended degenerate ({found.kind}); "
+                    what = "ended" if found is not None else "started"
+                    print(f"[{type(self).__name__}] the search {what} degenerate ({again.kind}); "
                           f"searching again from {scaled!r}", flush=True)
                 with HeldWarnings() as held_second:
                     search(copy.deepcopy(scaled))
@@ -159,7 +170,7 @@ class GPEstimator(KernelParams, BaseEstimator):
                 else:
                     held, start = held_second, scaled
                 self._combine_searches(first, second)
-                self.restart_ = {"reason": found.kind, "start": copy.deepcopy(scaled),
+                self.restart_ = {"reason": again.kind, "start": copy.deepcopy(scaled),
                                  "kept": kept,
                                  "objectives": (float(first["objective_"]),
                                                 float(second["objective_"])),

@@ -1,0 +1,169 @@
+"""Hyperparameter priors on and off: hold-out NLPD and accuracy of SVGPClassifier() and
+VGPClassifier() (default settings) with ``priors="default"`` (the MAP point) and
+``priors=None`` (type-II maximum likelihood), on four UCI binary tasks.
+
+Data: shared/data/uci_{ionosphere,sonar,wdbc,pima}.npz (skipped when absent), each split
+``--splits`` times at random 70/30 (stratified, seeds 0, 1, ...), features standardised on the
+training part (StandardScaler). Both settings fit the same split from the same start
+(random_state=0). Per fit: hold-out NLPD (mean -log p(y* | x*)), accuracy, fit time, the fitted
+kernel variance and lengthscales, and how many log hyperparameters ended within 0.01 of the
+optimiser's box (pygpfast.kernels.hyper_bounds around the start: 1e-5 to 1e5 times it).
+
+Usage: nice python bench/python/priors_effect.py [--splits 4] [--datasets ionosphere,sonar,...]
+Writes bench/results/priors_effect.json.
+"""
+
+import argparse
+import json
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+from sklearn.model_selection import train_test_split
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils import check_random_state
+
+import common
+import pygpfast
+from pygpfast._base import _start
+from pygpfast.kernels import hyper_bounds
+
+DATASETS = ("ionosphere", "sonar", "wdbc", "pima")
+MODELS = {
+    "SVGPClassifier": lambda priors: pygpfast.SVGPClassifier(priors=priors, random_state=0),
+    "VGPClassifier": lambda priors: pygpfast.VGPClassifier(priors=priors, random_state=0),
+}
+SETTINGS = {"default": "default", "none": None}
+
+
+def find_data():
+    """shared/data beside the repository (or beside the folder of worktrees), or None."""
+    root = Path(__file__).resolve().parents[2]
+    for candidate in (root.parent / "shared" / "data", root.parents[1] / "shared" / "data"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def load(path):
+    d = np.load(path, allow_pickle=False)
+    X = np.asarray(d["X"], dtype=np.float64)
+    y = np.asarray(d["y"])
+    return X, (y == np.max(y)).astype(int)
+
+
+def nlpd(p1, y):
+    p1 = np.clip(p1, 1e-12, 1 - 1e-12)
+    return float(-np.mean(np.where(y == 1, np.log(p1), np.log1p(-p1))))
+
+
+def one_fit(make, Xtr, ytr, Xte, yte):
+    est = make()
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est.fit(Xtr, ytr)
+    fit_s = time.perf_counter() - t0
+    p1 = est.predict_proba(Xte)[:, 1]
+    kernel = est.kernel_
+    # The start of the search (kernel=None: the default kernel, the first use of random_state=0)
+    # and the box around it.
+    start = _start.default_kernel(Xtr, check_random_state(0), 1.0)
+    lo, hi = hyper_bounds(start.theta)
+    theta = kernel.theta
+    at_bound = int(np.sum((theta - lo < 0.01) | (hi - theta < 0.01)))
+    return {
+        "nlpd": nlpd(p1, yte),
+        "accuracy": float(np.mean((p1 > 0.5) == (yte == 1))),
+        "fit_s": fit_s,
+        "objective": float(est.objective_),
+        "log_prior": float(est.log_prior_),
+        "variance": float(kernel.variance),
+        "lengthscale_min": float(np.min(kernel.lengthscale)),
+        "lengthscale_median": float(np.median(kernel.lengthscale)),
+        "lengthscale_max": float(np.max(kernel.lengthscale)),
+        "start_lengthscale_median": float(np.median(start.lengthscale)),
+        "at_bound": at_bound,
+        "n_params": int(theta.size),
+        "restart": None if est.restart_ is None else est.restart_["kept"],
+        "warnings": sorted({f"{w.category.__name__}: {str(w.message)[:80]}" for w in caught}),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--splits", type=int, default=4)
+    parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default=str(common.RESULTS / "priors_effect.json"))
+    args = parser.parse_args()
+    if args.threads:
+        pygpfast.set_num_threads(args.threads)
+    data = find_data()
+    results = {"context": common.context(pygpfast.get_num_threads()), "splits": args.splits,
+               "runs": []}
+    if data is None:
+        print("shared/data not found: nothing to do")
+        return
+    for name in args.datasets.split(","):
+        path = data / f"uci_{name}.npz"
+        if not path.exists():
+            print(f"{path} not found: skipped")
+            continue
+        X, y = load(path)
+        for split in range(args.splits):
+            Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, random_state=split,
+                                                  stratify=y)
+            scaler = StandardScaler().fit(Xtr)
+            Xtr, Xte = scaler.transform(Xtr), scaler.transform(Xte)
+            for model, make in MODELS.items():
+                for setting, priors in SETTINGS.items():
+                    row = one_fit(lambda: make(priors), Xtr, ytr, Xte, yte)
+                    row.update(dataset=name, split=split, model=model, priors=setting,
+                               n_train=int(Xtr.shape[0]), D=int(X.shape[1]))
+                    results["runs"].append(row)
+                    print(f"{name:10s} {split} {model:15s} {setting:7s} nlpd {row['nlpd']:.4f} "
+                          f"acc {row['accuracy']:.3f} var {row['variance']:9.3g} "
+                          f"ls [{row['lengthscale_min']:.3g}, {row['lengthscale_max']:.3g}] "
+                          f"at_bound {row['at_bound']}/{row['n_params']} {row['fit_s']:.1f} s",
+                          flush=True)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(results, indent=1))
+    results["summary"] = summary(results["runs"])
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print_table(results["summary"])
+
+
+def summary(runs):
+    """Mean and standard error over splits per (dataset, model, priors)."""
+    out = []
+    keys = sorted({(r["dataset"], r["model"], r["priors"]) for r in runs},
+                  key=lambda k: (DATASETS.index(k[0]) if k[0] in DATASETS else 99, k[1], k[2]))
+    for dataset, model, priors in keys:
+        rows = [r for r in runs if (r["dataset"], r["model"], r["priors"]) == (dataset, model, priors)]
+        entry = {"dataset": dataset, "model": model, "priors": priors, "n": len(rows)}
+        for metric in ("nlpd", "accuracy", "fit_s"):
+            v = np.array([r[metric] for r in rows])
+            entry[metric] = float(v.mean())
+            entry[metric + "_se"] = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
+        entry["at_bound"] = int(sum(r["at_bound"] for r in rows))
+        entry["n_params"] = int(sum(r["n_params"] for r in rows))
+        entry["variance_max"] = float(max(r["variance"] for r in rows))
+        entry["lengthscale_max"] = float(max(r["lengthscale_max"] for r in rows))
+        out.append(entry)
+    return out
+
+
+def print_table(rows):
+    print("| data | model | priors | NLPD | accuracy | fit s | at bound | max variance | max lengthscale |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['dataset']} | {r['model']} | {r['priors']} | {r['nlpd']:.3f} ± {r['nlpd_se']:.3f} "
+              f"| {r['accuracy']:.3f} ± {r['accuracy_se']:.3f} | {r['fit_s']:.1f} "
+              f"| {r['at_bound']}/{r['n_params']} | {r['variance_max']:.3g} "
+              f"| {r['lengthscale_max']:.3g} |")
+
+
+if __name__ == "__main__":
+    main()
