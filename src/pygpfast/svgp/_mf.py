@@ -76,8 +76,8 @@ def mf_bound(kernel, Z, X, y, a, *, jitter=1e-6, solve_a=False, with_grad=False)
     """
     codes, params = kernel._spec(Z.shape[1])
     value, a_out, extra, (iters, resid, converged), g = _core.svgp.mf_bound(
-        codes, params, Z, X, y, a, float(jitter), bool(solve_a), INNER_MAX_ITER, INNER_TOL,
-        bool(with_grad),
+        codes, params, Z=Z, X=X, y=y, a=a, jitter=float(jitter), solve_a=bool(solve_a), max_iter=INNER_MAX_ITER, tol=INNER_TOL,
+        with_grad=bool(with_grad),
     )
     _warn_jitter(extra, codes, params, Z)
     info = {"inner_iterations": iters, "inner_residual": resid, "inner_converged": converged}
@@ -94,7 +94,7 @@ def mf_posterior(kernel, Z, X, y, a, *, jitter=1e-6):
     q_sqrt : ndarray [M, M], lower triangular
     """
     codes, params = kernel._spec(Z.shape[1])
-    q_mu, q_sqrt, extra = _core.svgp.mf_posterior(codes, params, Z, X, y, a, float(jitter))
+    q_mu, q_sqrt, extra = _core.svgp.mf_posterior(codes, params, Z=Z, X=X, y=y, a=a, jitter=float(jitter))
     _warn_jitter(extra, codes, params, Z)
     return q_mu, q_sqrt
 
