@@ -112,6 +112,10 @@ def test_the_shared_vocabulary(case):
     est, X, _ = _fit(make, task)
     # objective_: the value the fit maximised, a finite float; history_: one entry per iteration
     assert isinstance(est.objective_, float) and np.isfinite(est.objective_)
+    # log_prior_: the priors' share of objective_ (priors="default": the MAP point), a float
+    assert est.priors == "default" and isinstance(est.log_prior_, float)
+    assert np.isfinite(est.log_prior_) and est.log_prior_ == est.kernel_.log_prior() + (
+        est.likelihood_.log_prior() if hasattr(est, "likelihood_") else 0.0)
     assert isinstance(est.history_, np.ndarray) and est.history_.dtype == np.float64
     assert est.history_.ndim == 1 and est.history_.size == est.n_iter_ >= 1
     # predict_latent: [T] each for one latent function, [T, L] for L

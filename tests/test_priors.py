@@ -415,3 +415,28 @@ def test_the_default_priors_bring_a_far_start_back(case, lengthscale):
     assert est.score(X, y) > healthy.score(X, y) - 0.03
     assert est.objective_ > healthy.objective_ - 0.05 * abs(healthy.objective_)
     assert est.kernel_.has_priors and 0.1 < est.kernel_.lengthscale < 100.0
+
+
+@pytest.mark.parametrize("with_prior", [False, True])
+def test_the_minibatch_steps_follow_the_log_joint(with_prior):
+    # StochasticTrainer (optimizer 'adam'): each minibatch's objective is its full-data ELBO
+    # estimate plus the log prior, once; Adam's first step moves every coordinate by about the
+    # step size against the sign of the loss gradient. A prior far above the kernel variance
+    # turns that coordinate's step upwards.
+    from pygpfast.svgp._model import SVGP
+    from pygpfast.svgp._optim import StochasticTrainer
+
+    X, y = _toy("regression", n=40)
+    priors = {"variance": LogNormal(5.0, 0.1)} if with_prior else None
+    kernel = RBF(1.0, 1.0, priors=priors)
+    model = SVGP(kernel, Gaussian(0.1), X[::4])
+    trainer = StochasticTrainer(model, optimizer="adam", learning_rate=0.01, train_Z=False)
+    B = 10
+    elbo, g = model.elbo(X[:B], y[:B], scale=len(X) / B, with_grad=True)
+    mean, rows = trainer.run(iter([(X[:B], y[:B])]), 1, len(X))
+    lp = scipy.stats.norm.logpdf(0.0, 5.0, 0.1) if with_prior else 0.0
+    assert mean == pytest.approx(elbo + lp, rel=1e-12) and rows == B
+    step = np.log(kernel.variance)
+    d_variance = g["kernel"][0] * 1.0 + (500.0 if with_prior else 0.0)  # (at variance 1)
+    assert np.sign(step) == np.sign(d_variance) and abs(step) == pytest.approx(0.01, rel=1e-3)
+    assert (step > 0) == with_prior
