@@ -142,7 +142,8 @@ class GPEstimator(KernelParams, BaseEstimator):
             stopped = search(None)
         found = self._diagnose(sample, start, self.optimize_hyperparameters)
         again = found
-        if found is None and may_search_again and not stopped and start.has_priors:
+        if (found is None and may_search_again and not stopped and start.has_priors
+                and self.kernel is not None):  # (the default kernel starts at the data's scale)
             # Priors pull a search off a degenerate start (the lengthscales towards the data's
             # scale), but it may stall on the way where the objective is still nearly flat:
             # from RBF(lengthscale=1e-4), SVGP Poisson stopped at a log joint of -554 (R^2
