@@ -72,7 +72,7 @@ def main():
     txt = common.table(rows, cols)
     print(f"\nUSPS (paper, odd-vs-even MNIST: acc {PAPER_MNIST['acc']}, NLPD {PAPER_MNIST['nlp']})\n")
     print(txt)
-    name = "svgp_usps" + ("_lbfgs" if args.optimizer == "lbfgs" else "") + ("_quick" if args.quick else "")
+    name = "-".join(v for v, on in (("lbfgs", args.optimizer == "lbfgs"), ("quick", args.quick)) if on) or None
     svgp_common.finish(name, ctx,
                        {"settings": vars(args), "paper_mnist": PAPER_MNIST, "rows": rows, "table": txt})
 
