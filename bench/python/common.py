@@ -59,7 +59,7 @@ def blas_info():
 
 
 def git_commit():
-    """The repository's HEAD commit and whether the work tree had uncommitted changes."""
+    """The repository's HEAD commit and the tracked files with uncommitted changes."""
     def git(*args):
         try:
             return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
@@ -67,8 +67,9 @@ def git_commit():
         except (OSError, subprocess.SubprocessError):
             return ""
 
+    status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": git("rev-parse", "HEAD") or "unknown",
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+            "modified": [line[3:] for line in status.splitlines()]}
 
 
 def context(threads):
