@@ -246,7 +246,7 @@ def main():
     print("|---" * (len(keys) + 2) + "|")
     for r in results["rows"]:
         print(f"| {r['set']} | {r['method']} | " + " | ".join(f"{r[k]:.2g}" for k in keys) + " |")
-    out = common.write_json(results)
+    out = common.write_json(results, args.data.replace(",", "-") if args.data != "glass,usps" else None)
     print("wrote", out)
 
 
