@@ -72,6 +72,9 @@ def git_commit():
             "modified": [line[3:] for line in status.splitlines()]}
 
 
+_GIT_START = git_commit()  # the code that runs is the one at the start
+
+
 def context(threads):
     """What a result depends on: CPU, cores, threads, BLAS, versions, commit, date, load.
 
@@ -84,7 +87,7 @@ def context(threads):
     return {
         "script": "bench/python/" + Path(sys.argv[0]).name,
         "argv": sys.argv[1:],
-        "git": git_commit(),
+        "git": _GIT_START,
         "started": _STARTED,
         "loadavg_start": _LOADAVG_START,
         "cpu": cpu_model(),
