@@ -63,7 +63,7 @@ def git_commit():
     def git(*args):
         try:
             return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+                                  timeout=10).stdout.rstrip("\n")
         except (OSError, subprocess.SubprocessError):
             return ""
 
