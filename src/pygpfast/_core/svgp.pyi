@@ -12,6 +12,7 @@ def elbo(
     lik_variance: float,
     n_gh: int,
     num_classes: int,
+    *,
     Z: F64,
     q_mu: F64,
     q_sqrt: F64,
@@ -29,6 +30,7 @@ def elbo(
 def predict_f(
     codes: NDArray[np.int32],
     params: F64,
+    *,
     Z: F64,
     q_mu: F64,
     q_sqrt: F64,
@@ -42,6 +44,7 @@ def predict_f(
 def mf_bound(
     codes: NDArray[np.int32],
     params: F64,
+    *,
     Z: F64,
     X: F64,
     y: F64,
@@ -53,5 +56,5 @@ def mf_bound(
     with_grad: bool,
 ) -> tuple[float, F64, float, tuple[int, float, bool], tuple[F64, F64, F64] | None]: ...
 def mf_posterior(
-    codes: NDArray[np.int32], params: F64, Z: F64, X: F64, y: F64, a: F64, jitter: float
+    codes: NDArray[np.int32], params: F64, *, Z: F64, X: F64, y: F64, a: F64, jitter: float
 ) -> tuple[F64, F64, float]: ...

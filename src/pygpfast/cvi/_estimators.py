@@ -191,7 +191,7 @@ class _VGPEstimator(GPEstimator):
 
     def _memory_plan(self, N, local_bound, kernel):
         """(N, bytes per N^2, what, advice) of a fit on N points with local_bound's latent
-        functions, for pygpfast._memory's check_fits and explain_memory_error."""
+        functions, for pygpfast._base._memory's check_fits and explain_memory_error."""
         L = local_bound.n_latent
         matrices = _fit_matrices(L, kernel, local_bound.likelihood == "softmax")
         latents = f"{L} latent functions" if L > 1 else "1 latent function"

@@ -1,8 +1,8 @@
-"""Concave variational inference for full GP models (Khan, Mohamed & Murphy 2012, seed 004).
+"""Concave variational inference for full GP models (Khan, Mohamed & Murphy 2012).
 
 Full (non-sparse) GP models with non-conjugate likelihoods: a Gaussian posterior approximation
 q(z_l) = N(m_l, V_l) for each of the L latent functions, fitted by maximising the lower bound of
-seed 004 eq. (6) with closed-form local bounds f_b(y, m, v) <= E_q[log p(y | z)]:
+Khan, Mohamed & Murphy 2012 eq. (6) with closed-form local bounds f_b(y, m, v) <= E_q[log p(y | z)]:
 
 ========================  ======  ============================================================
 likelihood                latents local bound
@@ -305,7 +305,7 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
 
 
 def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
-    """The Opper-Archambeau objective (seed 004 eq. 11) and its gradients.
+    """The Opper-Archambeau objective (Khan, Mohamed & Murphy 2012 eq. 11) and its gradients.
 
     Parameters
     ----------
