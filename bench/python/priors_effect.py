@@ -16,14 +16,12 @@ the fitted noise variance (in y's standardised units), for the noise variance's 
 
 Usage: nice python bench/python/priors_effect.py [--splits 4] [--datasets ionosphere,sonar,...]
        [--regression]
-Writes bench/results/priors_effect.json.
+Writes bench/results/priors_effect.json (common.write_json; PYGPFAST_BENCH_RESULTS elsewhere).
 """
 
 import argparse
-import json
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 from sklearn.model_selection import train_test_split
@@ -44,12 +42,12 @@ SETTINGS = {"default": "default", "none": None}
 
 
 def find_data():
-    """shared/data beside the repository (or beside the folder of worktrees), or None."""
-    root = Path(__file__).resolve().parents[2]
-    for candidate in (root.parent / "shared" / "data", root.parents[1] / "shared" / "data"):
-        if candidate.is_dir():
-            return candidate
-    return None
+    """shared/data (common.data_dir), or None."""
+    try:
+        return common.data_dir()
+    except SystemExit as e:
+        print(e)
+        return None
 
 
 def load(path):
@@ -103,7 +101,6 @@ def main():
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--regression", action="store_true")
-    parser.add_argument("--out", default=str(common.RESULTS / "priors_effect.json"))
     args = parser.parse_args()
     if args.threads:
         pygpfast.set_num_threads(args.threads)
@@ -111,7 +108,7 @@ def main():
     results = {"context": common.context(pygpfast.get_num_threads()), "splits": args.splits,
                "runs": []}
     if data is None:
-        print("shared/data not found: nothing to do")
+        print("shared/data not found: skipped")
         return
     for name in args.datasets.split(","):
         path = data / f"uci_{name}.npz"
@@ -135,14 +132,13 @@ def main():
                           f"ls [{row['lengthscale_min']:.3g}, {row['lengthscale_max']:.3g}] "
                           f"at_bound {row['at_bound']}/{row['n_params']} {row['fit_s']:.1f} s",
                           flush=True)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(results, indent=1))
+            common.write_json(results)
     results["summary"] = summary(results["runs"])
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    common.write_json(results)
     print_table(results["summary"])
     if args.regression:
         results["regression"] = regression(data, args.splits)
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        common.write_json(results)
 
 
 REGRESSION = {
