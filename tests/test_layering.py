@@ -19,8 +19,7 @@ import pygpfast
 PACKAGE = pathlib.Path(pygpfast.__file__).parent
 FAMILIES = {"svgp", "cvi", "ivm", "moe"}
 BLOCKS = {"kernels", "likelihoods", "linalg", "piecewise", "priors", "datasets", "exceptions",
-          "_validation",
-          "_threads", "_core", "demo"}
+          "_validation", "_threads", "_core", "demo"}
 
 
 def _modules():
