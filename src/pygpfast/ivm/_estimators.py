@@ -114,10 +114,13 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
     objective_ : float
         Minus the section-4 bound at the fitted hyperparameters and the active set selected
         there: a lower bound on log P(y | theta) (for "ovr", on the sum over the C
-        one-against-rest problems).
+        one-against-rest problems). A re-selection can lower the bound (seed 002, section
+        4): the fit keeps the hyperparameters, active set and sites of the selection (the
+        first, or one after a run of L-BFGS-B) with the highest objective.
     history_ : ndarray [n_iter_]
         The objective after each L-BFGS-B iteration, under the active set and sites of its
-        run (it may jump at a re-selection).
+        run (non-decreasing within a run; it may jump at a re-selection); [objective_] when
+        no iteration ran.
     n_iter_ : int
         Hyperparameter iterations (0 when the hyperparameters are fixed).
     n_selections_ : int
@@ -210,6 +213,7 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         if self.optimize_hyperparameters and self.max_iter > 0 and model.n_hyper:
             N = model.N
             box = model.bounds(x)
+            best = (value, x, sites)  # (the lowest bound after a selection, where it was)
             while iteration < self.max_iter and not stopped:
                 current = sites
                 wall = {"x": x, "value": value / N}
@@ -245,8 +249,11 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
                 sites = model.select(x)
                 selections += 1
                 previous, value = value, model.bound(x, sites, with_grad=False)[0]
+                if value < best[0]:
+                    best = (value, x, sites)
                 if res.converged and abs(value - previous) <= self.tol * max(1.0, abs(value)):
                     break
+            value, x, sites = best
         self.n_iter_ = iteration
         self.n_selections_ = selections
         self._set_fitted(model, x, sites)
