@@ -451,7 +451,7 @@ def test_an_undone_coupled_iteration_falls_back_to_algorithm_1():
 
 @pytest.mark.parametrize("variance, lengthscale, capped", [(50.0, 1.0, False), (100.0, 0.5, True)])
 def test_a_multinomial_coupled_step_matches_the_dense_joint_system(variance, lengthscale, capped):
-    # The multinomial bound's coupled step solves a reduced system by Woodbury (cvi.cpp); the
+    # The multinomial bound's coupled step solves a reduced system by Woodbury (means.cpp); the
     # reference solves the joint 2 L N system of cvi.hpp densely, with the local second
     # derivatives F_mm = -H, F_mv = -H / 2, F_vv = -H / 4 (H = diag(p) - p p^T per point), and
     # applies the same trust region (no mean moves by more than 3), which scales the second
@@ -546,8 +546,9 @@ def test_hyperparameter_gradients_match_finite_differences(kind):
 
     def bound(params, mean, lb):
         info, _, _, grads, _ = _core.cvi.fit_step(
-            codes, params, *lb._core_args(), X, y, mean, 0.0, np.zeros((L, N)), np.zeros((L, N)),
-            500, 1e-15, 16, 30, 0.0, True, False)
+            codes, params, *lb._core_args(), X, y, mean=mean, jitter=0.0, alpha=np.zeros((L, N)),
+            lambda_=np.zeros((L, N)), max_iter=500, tol=1e-15, block_size=16, max_newton=30,
+            skip_tol=0.0, with_grad=True, return_Pi=False)
         return info["bound"], grads
 
     _, (dk, dmean, dphi) = bound(params, mean, lb)
@@ -583,11 +584,12 @@ def test_predict_f_matches_the_dense_formula(rng):
     mean = np.array([0.1, -0.2, 0.3])
     jitter = 1e-3  # relative to the mean diagonal of K
     info, alpha, lam, _, Pi = _core.cvi.fit_step(
-        codes, params, *lb._core_args(), X, y, mean, jitter, np.zeros((3, 40)),
-        np.zeros((3, 40)), 200, 1e-12, 16, 30, 0.0, False, True)
+        codes, params, *lb._core_args(), X, y, mean=mean, jitter=jitter, alpha=np.zeros((3, 40)),
+        lambda_=np.zeros((3, 40)), max_iter=200, tol=1e-12, block_size=16, max_newton=30,
+        skip_tol=0.0, with_grad=False, return_Pi=True)
     Xs = rng.standard_normal((7, 2))
-    F = _core.cvi.predictive_factor(codes, params, X, jitter, lam)
-    mu, var = _core.cvi.predict_f(codes, params, X, mean, alpha, lam, F, Xs)
+    F = _core.cvi.predictive_factor(codes, params, X, jitter=jitter, lambda_=lam)
+    mu, var = _core.cvi.predict_f(codes, params, X, Xs, mean=mean, alpha=alpha, lambda_=lam, F=F)
     Ks, Kss = kernel(Xs, X), np.diag(kernel(Xs))
     K = kernel(X)
     K += jitter * np.mean(np.diag(K)) * np.eye(40)
@@ -613,8 +615,9 @@ def test_pi_keeps_its_digits_at_large_site_precisions(rng):
     lb = cvi.LocalBound("poisson")
     mean, jitter = np.array([np.log(1e7)]), 1e-6
     info, alpha, lam, _, Pi = _core.cvi.fit_step(
-        codes, params, *lb._core_args(), X, y, mean, jitter, np.zeros((1, 30)),
-        np.zeros((1, 30)), 200, 1e-12, 16, 30, 0.0, False, True)
+        codes, params, *lb._core_args(), X, y, mean=mean, jitter=jitter, alpha=np.zeros((1, 30)),
+        lambda_=np.zeros((1, 30)), max_iter=200, tol=1e-12, block_size=16, max_newton=30,
+        skip_tol=0.0, with_grad=False, return_Pi=True)
     assert lam.min() > 1e6
     K = kernel(X)
     K += jitter * np.mean(np.diag(K)) * np.eye(30)
@@ -628,13 +631,29 @@ def test_prior_covariance_is_k_plus_relative_jitter():
     X, _, kernel, _ = _problem("logit", N=25)
     codes, params = kernel._spec(2)
     K = kernel(X)
-    S = _core.cvi.prior_covariance(codes, params, X, 1e-3)
+    S = _core.cvi.prior_covariance(codes, params, X, jitter=1e-3)
     np.testing.assert_allclose(S, K + 1e-3 * np.mean(np.diag(K)) * np.eye(25), rtol=1e-14, atol=1e-15)
-    np.testing.assert_array_equal(_core.cvi.prior_covariance(codes, params, X, 0.0), K)
+    np.testing.assert_array_equal(_core.cvi.prior_covariance(codes, params, X, jitter=0.0), K)
     with pytest.raises(ValueError, match="jitter must be >= 0"):
-        _core.cvi.prior_covariance(codes, params, X, -1.0)
+        _core.cvi.prior_covariance(codes, params, X, jitter=-1.0)
     with pytest.raises(ValueError, match="at least one data point"):
-        _core.cvi.prior_covariance(codes, params, X[:0], 1e-6)
+        _core.cvi.prior_covariance(codes, params, X[:0], jitter=1e-6)
+
+
+
+def test_options_are_keyword_only():
+    """Past the kernel, the local bound and the data the core's arguments are keyword-only."""
+    X, y, kernel, lb = _problem("logit", N=10)
+    codes, params = kernel._spec(2)
+    Sigma = _core.cvi.prior_covariance(codes, params, X, jitter=1e-6)
+    zeros = np.zeros((1, 10))
+    with pytest.raises(TypeError):
+        _core.cvi.prior_covariance(codes, params, X, 1e-6)
+    with pytest.raises(TypeError):
+        _core.cvi.oa_objective(*lb._core_args(), y, Sigma, np.zeros(1), zeros, zeros)
+    value = _core.cvi.oa_objective(*lb._core_args(), y, Sigma, mean=np.zeros(1), alpha=zeros,
+                                   lambda_=zeros)[0]
+    assert np.isfinite(value)
 
 
 def test_errors_are_clear():
@@ -753,7 +772,7 @@ def test_a_run_reported_converged_is_at_the_optimum_whatever_the_start(seed):
 @pytest.mark.parametrize("variance", [4.0, 100.0])
 def test_multinomial_means_handed_to_the_sweep_still_reach_the_optimum(variance):
     # The multinomial bound's cheap Newton steps (clamped where lambda < p) hand over to the
-    # next sweep once they are cut or slow (cvi.cpp, update_means); large prior variance makes
+    # next sweep once they are cut or slow (means.cpp, update_means); large prior variance makes
     # the handovers frequent. The result is stationary (eqs. 7-8), monotone, and at the
     # optimum of a run to a much tighter tolerance and of the Opper-Archambeau parameterisation.
     rng = np.random.default_rng(7)
@@ -781,7 +800,7 @@ def test_multinomial_iteration_with_handed_over_means_does_not_end_the_run():
     # Here the first outer iteration hands its Newton steps over to the next sweep with the
     # bound still 1.7e-2 (relative) short of the optimum, while the estimate of the next
     # sweep's gain is already below the target. Without the guard on handed-over means
-    # (cvi.cpp, means_done) the run ended there at tol = 1e-4, flagged as not converged
+    # (inference.cpp, means_done) the run ended there at tol = 1e-4, flagged as not converged
     # (found by a random search over 60 problems; the only one the guard changes).
     rng = np.random.default_rng(44)  # (the draws of the random search that found the case)
     N, C = int(rng.choice([60, 120, 200])), int(rng.choice([3, 4]))

@@ -137,5 +137,6 @@ void bind_svgp_mf(py::module_& m);
 void bind_cvi(py::module_& m);
 void bind_ivm_binary(py::module_& m);
 void bind_ivm_multiclass(py::module_& m);
+void bind_moe(py::module_& m);
 
 }  // namespace pygpfast::bind

@@ -43,6 +43,7 @@ PYBIND11_MODULE(_core, m) {
   auto svgp = sub("svgp", "Sparse variational GP: ELBO with gradients, predictions, the mean-field bound");
   auto cvi = sub("cvi", "Concave variational inference for full GPs");
   auto ivm = sub("ivm", "Informative vector machine: greedy active-set selection, ADF sites, predictions, the bound");
+  auto moe = sub("moe", "IS-MOE experts: per-block evidence, fits and predictions on OpenMP threads");
   pygpfast::bind::bind_blas(blas);
   pygpfast::bind::bind_threads(threads);
   pygpfast::bind::bind_linalg(linalg);
@@ -54,4 +55,5 @@ PYBIND11_MODULE(_core, m) {
   pygpfast::bind::bind_cvi(cvi);
   pygpfast::bind::bind_ivm_binary(ivm);
   pygpfast::bind::bind_ivm_multiclass(ivm);
+  pygpfast::bind::bind_moe(moe);
 }

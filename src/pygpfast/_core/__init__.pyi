@@ -7,6 +7,8 @@ GPflow's glossary: X [N, D], X2 [M, D], Z [M, D].
 import numpy as np
 from numpy.typing import NDArray
 
+from . import cvi as cvi
+
 F64 = NDArray[np.float64]
 
 blas_source: str
@@ -118,35 +120,3 @@ def svgp_mf_bound(
 def svgp_mf_posterior(
     codes: NDArray[np.int32], params: F64, Z: F64, X: F64, y: F64, a: F64, jitter: float
 ) -> tuple[F64, F64, float]: ...
-
-# concave variational inference (seed 004). Local bound: kind (0 logit, 1 Poisson,
-# 2 multinomial, 3 stick-breaking, 4 ordinal), the llp bound's knots [R + 1], a, b, c [R],
-# num_classes, thresholds [K - 1]. Latent arrays are [L, N] (latent-major).
-def cvi_local_bounds(
-    kind: int, knots: F64, a: F64, b: F64, c: F64, num_classes: int, thresholds: F64,
-    y: F64, m: F64, v: F64,
-) -> tuple[F64, F64, F64, F64, F64]: ...
-def cvi_infer(
-    kind: int, knots: F64, a: F64, b: F64, c: F64, num_classes: int, thresholds: F64,
-    y: F64, Sigma: F64, mean: F64, alpha: F64, lambda_: F64, max_iter: int, tol: float,
-    block_size: int, max_newton: int, skip_tol: float, return_V: bool,
-) -> tuple[dict, F64, F64, F64 | None]: ...
-def cvi_fit_step(
-    codes: NDArray[np.int32], params: F64,
-    kind: int, knots: F64, a: F64, b: F64, c: F64, num_classes: int, thresholds: F64,
-    X: F64, y: F64, mean: F64, jitter: float, alpha: F64, lambda_: F64, max_iter: int,
-    tol: float, block_size: int, max_newton: int, skip_tol: float, with_grad: bool,
-    return_Pi: bool,
-) -> tuple[dict, F64, F64, tuple[F64, F64, F64] | None, F64 | None]: ...
-def cvi_oa_objective(
-    kind: int, knots: F64, a: F64, b: F64, c: F64, num_classes: int, thresholds: F64,
-    y: F64, Sigma: F64, mean: F64, alpha: F64, lambda_: F64,
-) -> tuple[float, F64, F64, float, float]: ...
-def cvi_prior_covariance(codes: NDArray[np.int32], params: F64, X: F64, jitter: float) -> F64: ...
-def cvi_predictive_factor(
-    codes: NDArray[np.int32], params: F64, X: F64, jitter: float, lambda_: F64,
-) -> F64: ...
-def cvi_predict_f(
-    codes: NDArray[np.int32], params: F64, X: F64, mean: F64, alpha: F64, lambda_: F64, F: F64,
-    Xnew: F64,
-) -> tuple[F64, F64]: ...

@@ -58,7 +58,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from .. import _core
 from .. import kernels as _kernels
 from .. import likelihoods as _likelihoods
-from .._base import _start
+from .._base import _docs, _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._memory import check_fits, explain_memory_error
 from .._base._optimize import lbfgs
@@ -171,8 +171,8 @@ class LocalBound:
         y = np.ascontiguousarray(y, dtype=np.float64)
         m = np.atleast_2d(np.asarray(m, dtype=np.float64))
         v = np.atleast_2d(np.asarray(v, dtype=np.float64))
-        return _core.cvi.local_bounds(*self._core_args(), y, np.ascontiguousarray(m),
-                                      np.ascontiguousarray(v))
+        return _core.cvi.local_bounds(*self._core_args(), y, m=np.ascontiguousarray(m),
+                                      v=np.ascontiguousarray(v))
 
     def __repr__(self):
         extra = f", n_classes={self.n_classes}" if self.n_classes else ""
@@ -313,8 +313,10 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
         return _infer_oa(Sigma, y, local_bound, mean, alpha, np.maximum(lambda_, 0.0),
                          max_iter, tol)
     info, a, lam, V = _core.cvi.infer(
-        *local_bound._core_args(), y, Sigma, mean, alpha, lambda_, int(max_iter), float(tol),
-        block_size or 0, _MAX_NEWTON, float(skip_tol), bool(coupled_means), bool(return_V))
+        *local_bound._core_args(), y, Sigma, mean=mean, alpha=alpha, lambda_=lambda_,
+        max_iter=int(max_iter), tol=float(tol), block_size=block_size or 0,
+        max_newton=_MAX_NEWTON, skip_tol=float(skip_tol), coupled_means=bool(coupled_means),
+        return_V=bool(return_V))
     history = info.pop("history")
     return InferenceResult(info["bound"], a, lam, V, history, info["iterations"],
                            info["converged"], info)
@@ -342,8 +344,8 @@ def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
     N, L = Sigma.shape[0], local_bound.n_latent
     value, da, dl, _, _ = _core.cvi.oa_objective(
         *local_bound._core_args(), np.ascontiguousarray(y, dtype=np.float64), Sigma,
-        _mean_vector(mean, L), _latent_array(alpha, L, N, "alpha"),
-        _latent_array(lambda_, L, N, "lambda_"))
+        mean=_mean_vector(mean, L), alpha=_latent_array(alpha, L, N, "alpha"),
+        lambda_=_latent_array(lambda_, L, N, "lambda_"))
     return value, da, dl
 
 
@@ -369,7 +371,8 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
         if np.isfinite(x).all():  # (a step from a gradient near overflow need not be)
             a = np.ascontiguousarray(x[: L * N].reshape(L, N))
             lam = np.ascontiguousarray(x[L * N:].reshape(L, N))
-            value, da, dl, flops, evals = _core.cvi.oa_objective(*args, y, Sigma, mean, a, lam)
+            value, da, dl, flops, evals = _core.cvi.oa_objective(*args, y, Sigma, mean=mean,
+                                                                 alpha=a, lambda_=lam)
             state["flops"] += flops + _LBFGS_FLOPS_PER_COORDINATE * x.size
             state["evals"] += evals
             grad = np.concatenate([da.ravel(), dl.ravel()])
@@ -402,8 +405,8 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
         value = state["value"]
     else:
         value = _core.cvi.oa_objective(
-            *args, y, Sigma, mean, np.ascontiguousarray(x[: L * N].reshape(L, N)),
-            np.ascontiguousarray(x[L * N:].reshape(L, N)))[0]
+            *args, y, Sigma, mean=mean, alpha=np.ascontiguousarray(x[: L * N].reshape(L, N)),
+            lambda_=np.ascontiguousarray(x[L * N:].reshape(L, N)))[0]
     info = {"bound": value, "iterations": res.n_iter, "converged": res.converged,
             "flops": state["flops"], "bound_evaluations": state["evals"],
             "function_evaluations": res.n_evaluations, "message": res.message,
@@ -673,7 +676,8 @@ class _VGPEstimator(GPEstimator):
         if self.predictive_factor_ is None:
             codes, params = self.kernel_._spec(self.X_train_.shape[1])
             self.predictive_factor_ = _core.cvi.predictive_factor(
-                codes, params, self.X_train_, self.jitter, np.ascontiguousarray(self.lambda_.T))
+                codes, params, self.X_train_, jitter=self.jitter,
+                lambda_=np.ascontiguousarray(self.lambda_.T))
         return self.predictive_factor_
 
     def _check_oa_optimum(self, hyper, X, t, alpha, lam, bound):
@@ -686,9 +690,10 @@ class _VGPEstimator(GPEstimator):
         """
         codes, params = hyper.kernel._spec(X.shape[1])
         step, *_ = _core.cvi.fit_step(
-            codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter,
-            alpha, np.maximum(lam, 0.0), 1, self.tol, self.block_size or 0, _MAX_NEWTON,
-            np.sqrt(self.tol), False, False)
+            codes, params, *hyper.local_bound._core_args(), X, t, mean=hyper.mean,
+            jitter=self.jitter, alpha=alpha, lambda_=np.maximum(lam, 0.0), max_iter=1,
+            tol=self.tol, block_size=self.block_size or 0, max_newton=_MAX_NEWTON,
+            skip_tol=np.sqrt(self.tol), with_grad=False, return_Pi=False)
         gap = step["bound"] - bound
         # (L-BFGS-B's ftol bounds one step's relative gain, not the distance to the optimum,
         # which stays well above tol on any run: hence sqrt(tol), 1e-4 for the default.)
@@ -727,13 +732,14 @@ class _VGPEstimator(GPEstimator):
         codes, params = hyper.kernel._spec(X.shape[1])
         max_iter = self.inner_max_iter
         if self.method == "opper-archambeau":
-            K = _core.cvi.prior_covariance(codes, params, X, self.jitter)
+            K = _core.cvi.prior_covariance(codes, params, X, jitter=self.jitter)
             oa = _infer_oa(K, t, hyper.local_bound, hyper.mean, alpha, lam, max_iter, self.tol)
             alpha, lam, max_iter = oa.alpha, oa.lambda_, 0  # the core then only differentiates
         info, alpha, lam, grads, _ = _core.cvi.fit_step(
-            codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter, alpha,
-            lam, max_iter, self.tol, self.block_size or 0, _MAX_NEWTON, np.sqrt(self.tol), True,
-            False)
+            codes, params, *hyper.local_bound._core_args(), X, t, mean=hyper.mean,
+            jitter=self.jitter, alpha=alpha, lambda_=lam, max_iter=max_iter, tol=self.tol,
+            block_size=self.block_size or 0, max_newton=_MAX_NEWTON, skip_tol=np.sqrt(self.tol),
+            with_grad=True, return_Pi=False)
         if self.method == "opper-archambeau":
             info.update({k: v for k, v in oa.info.items() if k != "bound"},
                         history=oa.history, converged=oa.converged)
@@ -750,124 +756,41 @@ class _VGPEstimator(GPEstimator):
         check_is_fitted(self)
         X = validate_data(self, array_of_matrix(X), dtype=np.float64, order="C", reset=False)
         codes, params = self.kernel_._spec(X.shape[1])
-        return _core.cvi.predict_f(codes, params, self.X_train_, self.mean_,
-                                   np.ascontiguousarray(self.alpha_.T),
-                                   np.ascontiguousarray(self.lambda_.T), self._predictive_factor(),
-                                   X)
+        return _core.cvi.predict_f(codes, params, self.X_train_, X, mean=self.mean_,
+                                   alpha=np.ascontiguousarray(self.alpha_.T),
+                                   lambda_=np.ascontiguousarray(self.lambda_.T),
+                                   F=self._predictive_factor())
 
 
-_COMMON_DOC = """
-    kernel : pygpfast.kernels.Kernel, optional
-        Prior covariance, shared by the latent functions. Default: RBF with ARD lengthscales
-        from the median-distance heuristic. A kernel's hyperparameters are where the search
-        starts; lengthscales far from the distances between the training inputs, or a variance
-        far below the latent scale, make a useless model (see Notes), which the fit detects,
-        searches again from the data's scale or warns about.
-    bound : {"quadratic", "linear"}
-        Piecewise bound on log(1 + e^x) (Marlin, Khan & Murphy 2011) for the logit-based
-        likelihoods.
-    n_pieces : int
-        Its number of pieces, 3 to 20.
-    method : {"fixed-point", "opper-archambeau"}
-        Algorithm 1 of seed 004 (default; with the coupled mean steps of :func:`infer`) or
-        L-BFGS-B on the Opper-Archambeau reparameterisation (eq. 11); both maximise the same
-        bound.
-    optimize_hyperparameters : bool
-        Learn the kernel parameters (and the prior means and ordinal thresholds) by maximising
-        the bound with L-BFGS-B.
-    max_iter : int
-        Hyperparameter iterations (L-BFGS-B). The ten-class stick-breaking fit on
-        scikit-learn's digits (65 kernel hyperparameters) converges in 115.
-    inner_max_iter : int
+_PARAMETERS = _docs.KERNEL + """    method : {'fixed-point', 'opper-archambeau'}, default 'fixed-point'
+        Algorithm 1 of Khan, Mohamed & Murphy (2012), with mean steps that anticipate the sweep
+        (see :func:`infer`), or L-BFGS-B on the Opper-Archambeau reparameterisation (their
+        eq. 11); both maximise the same bound.
+    max_iter : int, default 200
+        Hyperparameter iterations (L-BFGS-B).
+    inner_max_iter : int, default 200
         Iterations of the inference for fixed hyperparameters.
-    tol : float
-        Relative tolerance of the inference: it stops when an iteration raises the bound by
-        less than tol |bound|. The hyperparameter search stops when an iteration raises the
-        bound by less than 100 tol |bound| (the bound of an inference stopped at tol is only
-        that accurate, so the search cannot resolve smaller changes).
-    block_size : int or None
-        Coordinates per BLAS-3 block of Algorithm 1 (1: the literal rank-one updates). None
-        (default): the core's choice by N, 32 below 1500 training points and 64 from there.
-    jitter : float
-        Added to the diagonal of K(X, X), relative to its mean diagonal: it keeps the rank-one
-        updates of V accurate when K is numerically singular.
-    random_state : int, RandomState or None
-        For the default kernel's heuristic (on a subsample of more than 1000 rows), also
-        that of a second search's data-scaled start (see Notes).
-    verbose : int or bool, default 0
-        Print the bound, the inferences run and the elapsed time every `verbose`
-        hyperparameter iterations, or once when the hyperparameters are fixed (0 or False:
-        silent; True: every iteration).
-    callback : callable, optional
-        ``callback(estimator, iteration, bound) -> bool`` after every hyperparameter iteration;
-        True stops the search there. The estimator's fitted attributes hold the current
-        hyperparameters and posterior, so it may call ``predict``. A second search (see
-        ``restart_``) counts its iterations from 1 again; a fit whose search the callback
-        stopped is not searched again.
-"""
+    tol : float, default 1e-8
+        The inference stops when an iteration raises the bound by less than tol |bound|; the
+        hyperparameter search when one raises it by less than 100 tol |bound|.
+    block_size : int or None, default None
+        Coordinates per BLAS-3 block of Algorithm 1 (1: the literal rank-one updates). None:
+        32 below 1500 training points, 64 from there.
+""" + _docs.COMMON
 
-_COMMON_ATTRIBUTES = """
-    objective_ : float
-        The lower bound on log p(y) at the fitted q and hyperparameters.
-    history_ : ndarray
-        The bound after each hyperparameter iteration (of the search kept, see ``restart_``),
-        or, when the hyperparameters are fixed, at the inference's start and after each of its
-        iterations (n_iter_ + 1 entries).
-    n_iter_ : int
-        Hyperparameter iterations (of the search kept), or the inference's iterations when the
-        hyperparameters are fixed.
-    n_evaluations_ : int
+_ATTRIBUTES = _docs.ATTRIBUTES + """    n_evaluations_ : int
         Inferences run (one per evaluation of the bound and its gradient; both searches').
-    restart_ : dict or None
-        None unless the search from the given kernel ended degenerate and a second one ran
-        from the data-scaled start (see Notes): ``"reason"`` (the degeneracy: "isolated",
-        "unreached", "constant" or "stalled"), ``"start"`` (the second search's starting
-        kernel), ``"bounds"`` (the bound each search reached, the first's first), ``"kept"``
-        ("given" or "data-scaled": the one with the higher bound, whose results the fitted
-        attributes hold, and whose warnings alone pygpfast issues: not those of numpy, scipy,
-        scikit-learn or the callback, shown as they occur, see Notes) and
-        ``"both_constant"`` (both ended at a constant latent function: labels without signal,
-        not warned about).
-    kernel_ : pygpfast.kernels.Kernel
     mean_ : ndarray [L]
         Constant prior means of the latent functions.
     local_bound_ : LocalBound
     alpha_, lambda_ : ndarray [N, L]
         The posterior: m_l = mean_l + K alpha_l, V_l = (K^-1 + diag(lambda_l))^-1.
     predictive_factor_ : ndarray [L, N, N]
-        Lower Cholesky factors F_l of I + diag(lambda_l)^1/2 K diag(lambda_l)^1/2, from which the
-        predictive variances are k_** - |F_l^-1 diag(lambda_l)^1/2 k_*|^2 (stable where an
-        explicit (K + diag(lambda_l)^-1)^-1 would cancel, e.g. Poisson sites with large counts).
-        Not pickled: an unpickled model computes it again at its first prediction.
+        Lower Cholesky factors of I + diag(lambda_l)^1/2 K diag(lambda_l)^1/2, for the
+        predictive variances (not pickled: recomputed at the first prediction after loading).
     inference_info_ : dict
-        Counters of the last inference (iterations, flops, residuals of eqs. 7-8, ...).
-
-    Notes
-    -----
-    A kernel whose lengthscales are far from the distances between the training inputs gives
-    a useless model, and the bound's gradients vanish there, so the hyperparameter search
-    cannot leave: lengthscales far below make K(X, X) numerically diagonal (a memoriser,
-    training accuracy 1 and the prior everywhere else), lengthscales far above make it
-    numerically constant (the kernel variance then collapses and every prediction is the
-    same). After the fit, ``kernels.diagnose`` checks for both (a typical training input's
-    largest correlation with another below ``kernels.ISOLATED_CORRELATION``, 1e-3; or a start
-    that varies across the training inputs by less than ``kernels.FLAT_SHARE``, 1e-4, of its
-    variance and a latent function that ends varying by less than ``kernels.FLAT_SPREAD``,
-    1e-2). A start on which the prior barely varies (a kernel variance of 1e-8, say) is as
-    flat: the search ends there ("stalled": the prior varies across the training inputs by
-    less than 1e-4 of the latent scale, at its start or creeping away from it). When it finds
-    any of these and the hyperparameters are learned, a second search runs from the
-    data-scaled start (the given kernel's structure with the default kernel's lengthscales and
-    variance, drawn with ``random_state``; where that is the first start itself, as with
-    ``kernel=None``, the same with lengthscales e^2 longer) and the fit keeps whichever
-    reaches the higher bound (``restart_``), with pygpfast's warnings of that search only
-    (those of the other, such as its max_iter, are dropped; warnings that numpy, scipy,
-    scikit-learn or the callback issue during either search are shown as they occur: the fit
-    holds its own, on its own thread, and leaves the process's warning filters alone, so that
-    fits in concurrent threads keep theirs). A degenerate fit that remains
-    (hyperparameters fixed, no lengthscales to rescale, or the first search kept) is a
-    ``ConvergenceWarning`` that names the cause with its numbers, as is a kernel fixed
-    (``optimize_hyperparameters=False``) at such a flat prior ("flat").
+        Counters of the last inference (iterations, flops, residuals, ...).
+    X_train_ : ndarray [N, D]
 """
 
 
@@ -909,39 +832,38 @@ def _encode_classes(y, classes):
 
 class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
     __doc__ = (
-        """Full-GP classifier by concave variational inference (Khan, Mohamed & Murphy 2012).
+        """Full-GP classifier by concave variational inference (Khan, Mohamed & Murphy 2012): a
+    Gaussian q per latent function, fitted by maximising a concave lower bound on log p(y)
+    (``objective_``) with closed-form local bounds.
 
     Parameters
     ----------
-    likelihood : {"logit", "softmax", "stick-breaking", "ordinal"}
-        "logit": binary Bernoulli-logit; "softmax": softmax over C latent functions with
-        the log-sum-exp bound; "stick-breaking": C - 1 latent functions (Khan et al. 2012b);
-        "ordinal": one latent function and K - 1 learned thresholds, for classes in the order
-        of ``class_order_`` (see `classes`)."""
-        + _COMMON_DOC
-        + """    classes : array_like [C] or None
-        The class labels in the order the model takes them: for "ordinal" the order of the
-        scale (lowest first), for "stick-breaking" that of the sticks, for the others that of
-        the latent functions. Every label of y must be one of them, and each of them must occur
-        in y. None: for "ordinal", the order of the categories when y is an ordered pandas
-        Categorical (or a Series of one; unused categories are dropped), and otherwise the
-        sorted labels (strings then sort alphabetically, which is rarely the order of an
-        ordinal scale). Whatever the order, ``classes_`` and the columns of ``predict_proba``
-        are sorted, as scikit-learn's metrics and scorers take them to be.
-    learn_mean : bool or None
-        Learn a constant prior mean per latent function. None: for "softmax" and
-        "stick-breaking" (the thresholds play that role for "ordinal"; zero mean for "logit",
-        as in scikit-learn's GaussianProcessClassifier).
+""" + _PARAMETERS + """    likelihood : {'logit', 'softmax', 'stick-breaking', 'ordinal'}, default 'logit'
+        'logit': binary, with a piecewise bound on log(1 + e^x). 'softmax': C latent
+        functions, with the log-sum-exp bound. 'stick-breaking': C - 1 latent functions.
+        'ordinal': one latent function and C - 1 learned thresholds, for the classes in the
+        order of ``class_order_``.
+    bound : {'quadratic', 'linear'}, default 'quadratic'
+        Piecewise bound on log(1 + e^x) (Marlin, Khan & Murphy 2011) of the logit-based
+        likelihoods.
+    n_pieces : int, default 20
+        Its number of pieces, 3 to 20.
+    classes : array_like [C] or None, default None
+        The labels in the order the model takes them (the scale's for 'ordinal', lowest
+        first; the sticks' for 'stick-breaking'). None: the order of an ordered pandas
+        Categorical y for 'ordinal', else sorted. ``classes_`` and predict_proba's columns are
+        sorted whatever the order.
+    learn_mean : bool or None, default None
+        Learn a constant prior mean per latent function. None: for 'softmax' and
+        'stick-breaking'.
 
     Attributes
     ----------
     classes_ : ndarray [C]
-        The class labels, sorted: the columns of ``predict_proba``.
+        The labels, sorted: the columns of predict_proba.
     class_order_ : ndarray [C]
-        The class labels in the order the model takes them (see `classes`); for "ordinal",
-        ``local_bound_.thresholds`` separate consecutive entries."""
-        + _COMMON_ATTRIBUTES
-    )
+        The labels in the order the model takes them.
+""" + _ATTRIBUTES + _docs.NOTES)
 
     def __init__(self, kernel=None, *, likelihood="logit", bound="quadratic", n_pieces=20,
                  method="fixed-point", optimize_hyperparameters=True, max_iter=200,
@@ -1105,22 +1027,19 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
 
 class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
     __doc__ = (
-        """Full-GP Poisson regression (counts, rate exp(z)) by concave variational inference.
-
-    The local bound is the exact expectation y m - exp(m + v/2) - lgamma(y + 1) (seed 004,
-    section 4). Non-integer targets y >= 0 are taken by the same formula (a quasi-likelihood), as
-    scikit-learn's Poisson models take them.
+        """Full-GP Poisson regression (rate exp(f)) by concave variational inference (Khan,
+    Mohamed & Murphy 2012): the local bound is the exact expectation
+    y m - exp(m + v/2) - lgamma(y + 1); real targets y >= 0 are taken by the same formula.
+    The fit maximises the lower bound on log p(y) (``objective_``).
 
     Parameters
-    ----------"""
-        + _COMMON_DOC
-        + """    learn_mean : bool
-        Learn a constant prior mean of the log rate (initialised at log mean(y)).
+    ----------
+""" + _PARAMETERS + """    learn_mean : bool, default True
+        Learn a constant prior mean of the log rate (started at log mean(y)).
 
     Attributes
-    ----------"""
-        + _COMMON_ATTRIBUTES
-    )
+    ----------
+""" + _ATTRIBUTES + _docs.NOTES)
 
     _SPARSE_PEER = "SVGPRegressor(likelihood='poisson')"
 
@@ -1129,7 +1048,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         tags.target_tags.positive_only = True
         return tags
 
-    def __init__(self, *, kernel=None, method="fixed-point", optimize_hyperparameters=True,
+    def __init__(self, kernel=None, *, method="fixed-point", optimize_hyperparameters=True,
                  max_iter=200, inner_max_iter=200, tol=1e-8, block_size=None, jitter=1e-6,
                  learn_mean=True, random_state=None, verbose=0, callback=None):
         self.kernel = kernel

@@ -2,6 +2,7 @@
 Fusi & Lawrence 2013): the model :class:`SVGP` and the estimators :class:`SVGPClassifier` and
 :class:`SVGPRegressor`."""
 
-from ._estimators import SVGP, SVGPClassifier, SVGPRegressor
+from ._estimators import SVGPClassifier, SVGPRegressor
+from ._model import SVGP
 
 __all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]

@@ -1,19 +1,11 @@
-"""Sparse variational Gaussian processes (SVGP; Hensman, Matthews & Ghahramani 2015).
-
-``q(u_l) = N(m_l, L_l L_l^T)`` at M inducing inputs Z for each of L latent functions (L = 1
-for scalar likelihoods); the ELBO of seed 000 eq. (21) and all of its gradients come from one
-call into the compiled core per (mini)batch.
-
-Public estimators: :class:`SVGPClassifier` and :class:`SVGPRegressor`. The optimisers are in
-:mod:`pygpfast._svgp_optim`, the bounded-memory minibatch source in :mod:`pygpfast._streaming`.
-"""
+"""The SVGP estimators, :class:`SVGPClassifier` and :class:`SVGPRegressor`: the model is in
+:mod:`._model`, its optimisers in :mod:`._optim`, the mean-field method in :mod:`._mf`."""
 
 import copy
 import time
 import warnings
 
 import numpy as np
-from scipy.linalg import cho_solve
 from sklearn.base import ClassifierMixin, RegressorMixin, is_classifier
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import LabelEncoder
@@ -22,185 +14,20 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets, unique_labels
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
 
-from .. import _core
 from .. import likelihoods as _likelihoods
 from .._base._memory import check_fits, explain_memory_error
 from .._base._streaming import block_rows, check_rows, iter_blocks, minibatches
-from .._base import _start
+from .._base import _docs, _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._params import (BOOL, COMMON, NONE, Interval, Kind, Options, check_int,
                              check_params)
 from .._validation import as_matrix, as_vector, check_same_dim, power_of_two_unit
-from ..exceptions import warn_at_caller, warn_inducing_jitter
+from ..exceptions import warn_at_caller
 from . import _mf as _svgp_mf
+from ._model import SVGP
 from ._optim import StochasticTrainer, fit_lbfgs, natural_gap
 
-__all__ = ["SVGP", "SVGPClassifier", "SVGPRegressor"]
-
-
-class SVGP:
-    """The SVGP model: kernel, likelihood, inducing inputs and q(u), with the ELBO.
-
-    Parameters
-    ----------
-    kernel : pygpfast.kernels.Kernel
-        Shared by the L latent functions.
-    likelihood : pygpfast.likelihoods.Likelihood
-        L = its ``n_latent`` latent functions (the number of classes for Softmax, else 1).
-    Z : array_like [M, D]
-        Inducing inputs.
-    q_mu : array_like [M] (L = 1) or [M, L], optional
-        Means of q(u_l) (of q(v_l) when whitened); zeros by default.
-    q_sqrt : array_like [M, M] (L = 1) or [L, M, M], optional
-        Lower-triangular square roots of the covariances of q(u_l) (of q(v_l) when
-        whitened). Default: the prior, I when whitened, chol(Kzz) otherwise.
-    whiten : bool
-        Parameterise q through v = Lz^-1 u with p(v) = N(0, I) (default; better conditioned).
-    jitter : float
-        Added to the diagonal of Kzz, relative to its mean diagonal.
-    prior_mean : array_like [L], optional
-        A constant prior mean of each latent function (f_l = prior_mean_l + a zero-mean GP),
-        learned with the hyperparameters. None (default): zero, and not learned.
-    """
-
-    def __init__(self, kernel, likelihood, Z, q_mu=None, q_sqrt=None, *, whiten=True, jitter=1e-6,
-                 prior_mean=None):
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.Z = as_matrix(Z, "Z").copy()
-        M = self.Z.shape[0]
-        L = likelihood.n_latent
-        self.whiten = bool(whiten)
-        self.jitter = float(jitter)
-        mu_shape, sqrt_shape = ((M,), (M, M)) if L == 1 else ((M, L), (L, M, M))
-        if q_mu is None:
-            q_mu = np.zeros(mu_shape)
-        if q_sqrt is None:
-            prior = np.eye(M) if self.whiten else self._inducing_factor(self.kernel(self.Z))
-            q_sqrt = np.broadcast_to(prior, sqrt_shape)
-        self.q_mu = _as_array(q_mu, "q_mu", mu_shape)
-        self.q_sqrt = np.tril(_as_array(q_sqrt, "q_sqrt", sqrt_shape))
-        self.prior_mean = None if prior_mean is None else _as_array(prior_mean, "prior_mean", (L,))
-
-    @property
-    def n_inducing(self):
-        """M, the number of inducing inputs."""
-        return self.Z.shape[0]
-
-    @property
-    def n_latent(self):
-        """L, the number of latent functions (1, or C for the softmax)."""
-        return 1 if self.q_mu.ndim == 1 else self.q_mu.shape[1]
-
-    def core_hyper(self):
-        """The kernel and likelihood in the core's form: ((codes, params), likelihood args)."""
-        return self.kernel._spec(self.Z.shape[1]), self.likelihood._core_args()
-
-    def elbo(self, X, y, *, scale=1.0, with_grad=False, natural=False, hyper=None):
-        """ELBO on a batch, optionally with its gradients.
-
-        Parameters
-        ----------
-        X : ndarray [B, D], float64 C-contiguous
-        y : ndarray [B]
-        scale : float
-            N / B, so that the batch estimates the full-data ELBO.
-        with_grad : bool
-        natural : bool
-            Return, instead of the gradients in q_mu and q_sqrt, those that natural-gradient
-            steps need (see ``grads``).
-
-        Returns
-        -------
-        elbo : float
-        grads : dict or None
-            ``q_mu`` (shaped like q_mu), ``q_sqrt`` (shaped like q_sqrt, lower), ``Z`` [M, D],
-            ``kernel`` [P] (w.r.t. the positive kernel parameters), ``likelihood``
-            (w.r.t. the positive likelihood parameters) and ``prior_mean`` [L]: gradients
-            of the ELBO. With ``natural``, ``d_ell_m`` and ``d_ell_S`` (symmetric) replace
-            ``q_mu`` and ``q_sqrt``: the gradients of the scaled expected log-likelihood
-            alone (no KL) with respect to the mean and the covariance of q, in q's
-            coordinates.
-        hyper : tuple, optional
-            Hyperparameters in the form of :meth:`core_hyper`, used instead of the kernel's
-            and likelihood's own (optimisers pass them to skip updating those objects).
-        """
-        (codes, params), lik = self.core_hyper() if hyper is None else hyper
-        value, _, _, extra, g = _core.svgp.elbo(
-            codes, params, *lik, self.Z, self.q_mu, self.q_sqrt,
-            self.whiten, X, y, float(scale), self.jitter, bool(with_grad), natural=bool(natural),
-            prior_mean=self.prior_mean,
-        )
-        self._warn_jitter(extra, codes, params)
-        if not with_grad:
-            return value, None
-        d_mu, d_sqrt, d_Z, d_kern, d_lik, d_mean = g
-        keys = ("d_ell_m", "d_ell_S") if natural else ("q_mu", "q_sqrt")
-        d_lik = np.array([d_lik]) if self.likelihood.n_params else np.zeros(0)
-        return value, {keys[0]: d_mu, keys[1]: d_sqrt, "Z": d_Z, "kernel": d_kern, "likelihood": d_lik,
-                       "prior_mean": d_mean}
-
-    def prior_precision(self, hyper=None):
-        """Kzz^-1 [M, M] (with the model's jitter): the precision of the unwhitened prior p(u)
-        (at the hyperparameters ``hyper`` of :meth:`elbo` when given)."""
-        M = self.Z.shape[0]
-        codes, params = (self.core_hyper() if hyper is None else hyper)[0]
-        return cho_solve((self._inducing_factor(_core.kernels.K(codes, params, self.Z, None)), True),
-                         np.eye(M))
-
-    def _inducing_factor(self, Kzz):
-        """Lower Cholesky factor of Kzz [M, M] with the model's jitter, escalated as the core
-        escalates it (with its warning), or pygpfast.LinAlgError. For the unwhitened
-        parameterisation, which it serves: a NumericalWarning when Kzz is near-singular."""
-        Kzz = self._jittered(Kzz)
-        L, extra = _core.linalg.cholesky(Kzz, 1e-10, 1e-4)
-        mean_diag = np.mean(np.diag(Kzz))
-        if extra > 0:
-            warn_inducing_jitter("SVGP", extra, mean_diag)
-        # The smallest pivot^2 bounds the smallest eigenvalue's share (on duplicated Z it is
-        # the jitter): below ~1e-7 the unwhitened ELBO is too ill-conditioned to optimise
-        # (L-BFGS-B stopped at the prior, p = 0.5 everywhere, after 0 to 2 iterations, at jitter
-        # 1e-9 to 1e-15 on duplicated Z; the default 1e-6 fits).
-        pivot = np.min(np.diag(L)) ** 2 / mean_diag
-        if pivot < 1e-7:
-            warn_at_caller(
-                f"SVGP: K(Z, Z) is near-singular (smallest Cholesky pivot^2 {pivot:.0e} of its mean "
-                "diagonal): an unwhitened q(u) cannot be optimised reliably on it; use "
-                "whiten=True, a larger jitter or distinct inducing points")
-        return L
-
-    def _jittered(self, Kzz):
-        """Kzz [M, M] with the jitter added in place, relative to its mean diagonal, as the core
-        adds it."""
-        Kzz.flat[:: len(Kzz) + 1] += self.jitter * np.mean(np.diag(Kzz))
-        return Kzz
-
-    def predict_f(self, Xnew):
-        """Mean and variance of q(f) at Xnew [T, D]: [T] each (L = 1) or [T, L]; O(M^2) per point."""
-        codes, params = self.kernel._spec(self.Z.shape[1])
-        mean, var, extra = _core.svgp.predict_f(
-            codes, params, self.Z, self.q_mu, self.q_sqrt, self.whiten, Xnew, self.jitter,
-            prior_mean=self.prior_mean,
-        )
-        self._warn_jitter(extra, codes, params)
-        return mean, var
-
-    def _warn_jitter(self, extra, codes, params):
-        if extra > 0:
-            warn_inducing_jitter("SVGP", extra, np.mean(_core.kernels.Kdiag(codes, params, self.Z)))
-
-
-def _as_array(a, name, shape):
-    """A finite float64 C-contiguous copy of `a` with the given shape, or ValueError."""
-    try:
-        a = np.array(a, dtype=np.float64, order="C")
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{name} must be a numeric array: {e}") from e
-    if a.shape != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(a.shape)}")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{name} contains NaN or infinity")
-    return a
+__all__ = ["SVGPClassifier", "SVGPRegressor"]
 
 
 class _SVGPEstimator(GPEstimator):
@@ -759,159 +586,58 @@ class _SVGPEstimator(GPEstimator):
         return mean, var
 
 
-_COMMON_DOC = """
+_PARAMETERS = """
     Parameters
     ----------
-    kernel : pygpfast.kernels.Kernel, optional
-        Prior covariance (shared by all latent functions). Default: RBF with ARD lengthscales
-        from the median-distance heuristic on a subsample of X. A kernel's hyperparameters are
-        where the search starts; lengthscales far from the distances between the training
-        inputs, or a variance far below the latent scale, make a useless model (see Notes),
-        which the fit detects, searches again from the data's scale (full-batch fits) or warns
-        about.
-    n_inducing : int, default 100
-        Number of inducing points M, initialised by k-means on a subsample of max(10 M, 10000) rows.
-    inducing_points : array_like [M, D], optional
-        Initial inducing inputs (overrides n_inducing).
+""" + _docs.KERNEL + """    n_inducing : int, default 100
+        Number of inducing inputs M, placed by k-means on a subsample of max(10 M, 10000) rows.
+    inducing_points : array_like [M, D] or None, default None
+        Starting inducing inputs (overrides n_inducing).
     method : {'kl', 'mf'}, default 'kl'
-        'kl': the KL method of seed 000 section 4. 'mf': the sparse mean-field method of
-        section 3.1 (SVGPClassifier with the probit likelihood only; full-batch L-BFGS-B;
-        ``objective_`` is then its bound, eq. 12, predictions use its Gaussian approximation of
-        q(u), and ``whiten`` does not apply).
+        'kl': the KL method (Hensman, Matthews & Ghahramani 2015, section 4). 'mf': the sparse
+        mean-field method of their section 3.1 (binary probit only, full-batch L-BFGS-B;
+        predictions use its Gaussian approximation of q(u)).
     whiten : bool, default True
-        Parameterise q through v = Lz^-1 u with p(v) = N(0, I).
+        Parameterise q through v = Lz^-1 u, with p(v) = N(0, I).
     optimizer : {'auto', 'lbfgs', 'natgrad', 'adam', 'adadelta'}, default 'auto'
-        'lbfgs': full-batch L-BFGS-B with the paper's schedule (q first with the kernel and Z
-        frozen, then everything). 'natgrad': minibatch natural-gradient steps on q(u) with
-        Adam on Z and the hyperparameters. 'adam', 'adadelta': minibatch Adam or Adadelta
-        (Zeiler 2012; seed 000's MNIST run) on all parameters. 'auto': 'lbfgs' up to
-        10 000 rows, 'natgrad' above (and always in partial_fit).
+        'lbfgs': full-batch L-BFGS-B, q first with the kernel and Z frozen, then everything.
+        'natgrad': minibatch natural-gradient steps on q(u), Adam on Z and the hyperparameters.
+        'adam', 'adadelta': minibatch steps on everything. 'auto': 'lbfgs' up to 10 000 rows,
+        'natgrad' above and in partial_fit.
     batch_size : int or 'auto', default 'auto'
-        Minibatch size B of the stochastic optimisers ('auto' = 256).
+        Minibatch size B of the stochastic optimisers ('auto': 256).
     learning_rate : float or 'auto', default 'auto'
-        Step size of Adam or Adadelta's step rate. 'auto': 0.01 for 'adam'; 0.01 for the Adam
-        steps on Z and the hyperparameters of 'natgrad', decayed as 0.01 / sqrt(1 + t / 100)
-        over steps t; 0.1 for 'adadelta' (seed 000's MNIST setting). fit with 'adam' or
-        'adadelta' divides it by 5, at most twice, when the ELBO stalls with q(u) away from
-        its optimum (see tol); partial_fit goes on at the step size a preceding fit left.
+        Step size of Adam (0.01 for 'adam', and 0.01 / sqrt(1 + t / 100) for the Adam steps of
+        'natgrad') or step rate of Adadelta (0.1).
     natgrad_step : float in (0, 1] or 'auto', default 'auto'
-        Natural-gradient step size rho for q(u). 'auto': 1 for a Gaussian likelihood on the
-        full batch (the exact optimum in one step); otherwise rho_t = max(1 / (t + 1), B / N):
-        q is the running average of the minibatch targets for the first epoch (exact for a
-        Gaussian likelihood with fixed hyperparameters), then an exponential average over
-        about one epoch, which tracks the moving hyperparameters while averaging out the
-        minibatch noise.
+        Natural-gradient step size on q(u). 'auto': 1 for a Gaussian likelihood on the full
+        batch; otherwise max(1 / (t + 1), B / N) at step t.
     max_iter : int or None, default None
-        L-BFGS-B iterations of the main stage (the first stage, q alone with Z and the
-        hyperparameters frozen, adds up to max(1, min(max_iter // 4, 100)); it is the only stage, of
-        up to max_iter iterations, when neither is trained), or epochs (passes of
-        ceil(N / B) minibatch steps) for the stochastic optimisers. None: 5000 iterations
-        (fits of 20 to 50 inducing inputs to the 280 rows of UCI ionosphere took 550 to 1050,
-        so a cap of 1000 warned on a third of them), or 1000 epochs.
+        L-BFGS-B iterations, or epochs of the stochastic optimisers. None: 5000 iterations, or
+        1000 epochs.
     tol : float, default 1e-6
-        Convergence tolerance on the ELBO per row: L-BFGS-B stops when an iteration changes it
-        by less than tol (relative to max(1, |ELBO / N|); scipy's ftol). The stochastic
-        optimisers' ELBO has reached a plateau when its epoch-mean minibatch estimate per row
-        has not improved on its best value by more than tol for n_iter_no_change epochs:
-        'natgrad' stops there. Adam's steps are about learning_rate in every parameter
-        whatever the curvature of the ELBO, so on a sharp posterior (Poisson counts in the
-        thousands, a small Gaussian noise, many rows per inducing point) 'adam' and
-        'adadelta' can stall far from the optimum. At a plateau, fit with either measures the
-        gain in the ELBO per row of one natural-gradient step on q(u) over the whole data
-        (two passes over it, not counted in n_iter_ or history_): it stops when the gain is
-        at most 1% of max(1, |ELBO / N|); otherwise it divides the step size by 5 and goes on
-        (the patience starts afresh), and after two such reductions it stops with a
-        ConvergenceWarning that names the gain and recommends optimizer='natgrad'.
+        L-BFGS-B stops when an iteration changes the ELBO per row by less than tol (relative to
+        max(1, |ELBO| / N)). The stochastic optimisers stop when the epoch-mean ELBO per row has
+        not improved by more than tol for n_iter_no_change epochs; 'adam' and 'adadelta' first
+        check, with one full-data natural-gradient step, that q(u) is near its optimum, and
+        otherwise reduce their step (at most twice, then warn).
     n_iter_no_change : int, default 5
-        Patience of the stochastic optimisers' plateau rule (see tol), in epochs.
+        Patience of the stochastic optimisers, in epochs.
     train_inducing : bool, default True
         Learn Z.
-    optimize_hyperparameters : bool, default True
-        Learn the kernel and likelihood parameters.
-    jitter : float, default 1e-6
-        Added to the diagonal of K(Z, Z), relative to its mean diagonal (so that it means the same
-        whatever the units of the targets; GPflow's jitter is absolute).
-    random_state : int, RandomState or None
-        Seeds the subsample and k-means of the initialisation (and of the data-scaled start
-        of a second fit, see Notes) and the minibatch order.
-    verbose : int or bool, default 0
-        Print the ELBO, rows/s and the elapsed time every `verbose` iterations (0 or False:
-        silent; True: every iteration).
-    callback : callable, optional
-        ``callback(estimator, iteration, elbo) -> bool`` after every iteration (an L-BFGS-B
-        iteration, an epoch, or a partial_fit call); True stops the fit. The estimator's
-        fitted attributes hold the current parameters, so it may call ``predict``. A second
-        fit (see ``restart_``) counts its iterations from 1 again; a fit that the callback
-        stopped is not fitted again.
-"""
+""" + _docs.COMMON
 
-_COMMON_ATTRIBUTES = """
-    model_ : SVGP
+_ATTRIBUTES = _docs.ATTRIBUTES + """    model_ : SVGP
         The fitted model (kernel, likelihood, Z, q(u)).
-    kernel_, likelihood_ : the fitted kernel and likelihood.
+    likelihood_ : pygpfast.likelihoods.Likelihood
     inducing_points_ : ndarray [M, D]
-        The fitted inducing inputs (model_.Z), also during a callback.
-    objective_ : float
-        The ELBO: exact after L-BFGS-B; for the stochastic optimisers the mean of the
-        minibatch estimates over the last epoch (or partial_fit call), with no extra pass
-        over the data.
-    history_ : list of float
-        The ELBO after every iteration (as for objective_; of the fit kept, see ``restart_``).
-    restart_ : dict or None
-        None unless a full-batch fit (optimizer 'lbfgs' or method 'mf') from the given kernel
-        ended degenerate and a second one ran from the data-scaled start (see Notes):
-        ``"reason"`` (the degeneracy: "isolated", "unreached", "constant" or "stalled"),
-        ``"start"`` (the second fit's starting kernel), ``"objectives"`` (the ELBO each reached, the
-        first's first), ``"kept"`` ("given" or "data-scaled": the one with the higher ELBO,
-        whose results the fitted attributes hold, and whose warnings alone pygpfast issues:
-        not those of numpy, scipy, scikit-learn or the callback, shown as they occur, see
-        Notes) and ``"both_constant"`` (both ended at a constant latent function: labels
-        without signal, not warned about). None after partial_fit's first call.
-    n_iter_ : int
-        L-BFGS-B iterations of both stages, epochs, or partial_fit calls. (The passes of
-        fit's plateau rule for 'adam' and 'adadelta' that measure q(u), see tol, are not
-        epochs: they take no steps and add nothing to history_.)
+        The fitted inducing inputs (``model_.Z``).
     n_steps_ : int
         Optimiser steps (minibatch steps for the stochastic optimisers).
     optimizer_ : str
         The optimizer used ('auto' resolved).
     n_total_, n_rows_seen_ : int
-        partial_fit only: the row count the minibatches are weighted against, and the rows
-        passed so far.
-    n_features_in_ : int
-"""
-
-_NOTES = """
-    Notes
-    -----
-    A kernel whose lengthscales are far from the distances between the training inputs gives
-    a useless model, and the ELBO's gradients vanish there, so the hyperparameter search
-    cannot leave: lengthscales far below make K(X, Z) numerically zero (or, with the inducing
-    inputs at the training inputs, K(X, X) diagonal: a memoriser), lengthscales far above
-    make K(X, X) numerically constant; the kernel variance then collapses to its lower bound
-    and every prediction is the prior's (the class frequencies). After the fit,
-    ``kernels.diagnose`` checks for both on up to 2000 evenly spaced training rows (a typical
-    training input's largest correlation with an inducing input, or with another training
-    input, below ``kernels.ISOLATED_CORRELATION``, 1e-3; or a start that varies across the
-    training inputs by less than ``kernels.FLAT_SHARE``, 1e-4, of its variance and a latent
-    function that ends varying by less than ``kernels.FLAT_SPREAD``, 1e-2, of the latent
-    scale). A start on which the prior barely varies (a kernel variance of 1e-8, say) is as
-    flat: the search ends there ("stalled": the prior varies across the training inputs by
-    less than 1e-4 of the latent scale, at its start or creeping away from it). When it finds
-    any of these after a full-batch fit (optimizer 'lbfgs', method 'mf') with the
-    hyperparameters learned, a second fit runs from the data-scaled start (the given kernel's
-    structure with the default kernel's lengthscales and variance, drawn with
-    ``random_state``, with lengthscales e^2 longer where that is the first start itself, as
-    with ``kernel=None``; the same starting inducing inputs) and the estimator keeps whichever
-    reaches the higher ELBO (``restart_``), with pygpfast's warnings of that fit only (those
-    of the other, such as its max_iter, are dropped; warnings that numpy, scipy,
-    scikit-learn or the callback issue during either fit are shown as they occur: the fit
-    holds its own, on its own thread, and leaves the process's warning filters alone, so that
-    fits in concurrent threads keep theirs). A degenerate fit that remains (a stochastic
-    optimizer, hyperparameters fixed, no lengthscales to rescale, or the first fit kept) is a
-    ``ConvergenceWarning`` that names the cause with its numbers, as is a kernel fixed
-    (``optimize_hyperparameters=False``) at such a flat prior ("flat"); partial_fit checks its
-    first chunk's model.
+        partial_fit only: the row count minibatches are weighted against, and the rows passed.
 """
 
 
@@ -919,23 +645,19 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
     _parameter_constraints = {**_SVGPEstimator._parameter_constraints,
                               "likelihood": (Options(None, "probit", "logit", "softmax"),)}
     __doc__ = (
-        "Gaussian-process classifier with a sparse variational posterior (SVGP), binary or\n"
-        "multi-class, with labels of any type.\n"
-        + _COMMON_DOC
-        + """    likelihood : {None, 'probit', 'logit', 'softmax'}, default None
+        """Gaussian-process classifier with a sparse variational posterior (SVGP), binary or
+    multi-class, for labels of any type. The fit maximises the ELBO (``objective_``).
+""" + _PARAMETERS + """    likelihood : {None, 'probit', 'logit', 'softmax'}, default None
         'probit', 'logit': Bernoulli with that link, one latent function (two classes only).
         'softmax': C latent functions sharing Z and the kernel (any C >= 2). None: 'probit'
         for two classes, 'softmax' for more.
 
     Attributes
     ----------
-    classes_ : ndarray [C]"""
-        + _COMMON_ATTRIBUTES
-        + """    mf_a_ : ndarray [N]
-        method='mf' only: locations a of the truncated Gaussians q(g_n) (seed 000 eq. 11).
-"""
-        + _NOTES
-    )
+    classes_ : ndarray [C]
+""" + _ATTRIBUTES + """    mf_a_ : ndarray [N]
+        method='mf' only: the locations of the truncated Gaussians q(g_n) (section 3.1, eq. 11).
+""" + _docs.NOTES)
 
     def __init__(self, kernel=None, *, likelihood=None, n_inducing=100, inducing_points=None,
                  method="kl", whiten=True, optimizer="auto", batch_size="auto", learning_rate="auto",
@@ -1051,9 +773,10 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
                                                  Interval(float, 0.0, None, closed="neither")),
                               "normalize_y": (BOOL,)}
     __doc__ = (
-        "Sparse variational GP regression (seed 001's model; any one-latent likelihood).\n"
-        + _COMMON_DOC
-        + """    likelihood : {'gaussian', 'poisson'}, default 'gaussian'
+        """Sparse variational GP regression (Hensman, Fusi & Lawrence 2013): real targets with a
+    Gaussian likelihood, or counts with a Poisson one. The fit maximises the ELBO
+    (``objective_``, of the standardised targets when normalize_y).
+""" + _PARAMETERS + """    likelihood : {'gaussian', 'poisson'}, default 'gaussian'
         'poisson': count regression, the log rate a learned constant (started at log mean(y),
         ``model_.prior_mean``) plus the GP; real targets y >= 0 are taken by the same formula.
     noise_variance : float or 'auto', default 'auto'
@@ -1061,17 +784,13 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
         hyperparameters). 'auto': 1 on standardised targets, else the targets' mean square.
     normalize_y : bool, default True
         Gaussian likelihood: fit to (y - mean) / std of the training targets (of the first
-        chunk for partial_fit); predictions are returned in the original units, while objective_
-        and history_ refer to the standardised targets.
+        chunk for partial_fit); predictions are in the original units.
 
     Attributes
-    ----------"""
-        + _COMMON_ATTRIBUTES
-        + """    y_mean_, y_scale_ : float
+    ----------
+""" + _ATTRIBUTES + """    y_mean_, y_scale_ : float
         The standardisation of y (0 and 1 when not normalized).
-"""
-        + _NOTES
-    )
+""" + _docs.NOTES)
 
     def __init__(self, kernel=None, *, likelihood="gaussian", noise_variance="auto",
                  normalize_y=True, n_inducing=100,
