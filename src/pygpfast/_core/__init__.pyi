@@ -8,6 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import cvi as cvi
+from . import ivm as ivm
 
 F64 = NDArray[np.float64]
 

@@ -138,7 +138,7 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         "active_size": (Interval(int, 1, None),),
         "multi_class": (Options("joint", "ovr"),),
         "shared_kernel": (BOOL,),
-        "max_iter": (Interval(int, 0, None),),
+        "max_iter": (Interval(int, 1, None),),
         "reselect_every": (Interval(int, 1, None),),
         "cubature": (Options("auto", "gauss-hermite", "stroud"),),
         "n_random": (Interval(int, 1, None),),
@@ -210,7 +210,7 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         sites = model.select(x)
         value = model.bound(x, sites, with_grad=False)[0]
         selections, iteration, stopped = 1, 0, False
-        if self.optimize_hyperparameters and self.max_iter > 0 and model.n_hyper:
+        if self.optimize_hyperparameters:
             N = model.N
             box = model.bounds(x)
             best = (value, x, sites)  # (the lowest bound after a selection, where it was)
