@@ -15,7 +15,13 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 def data_dir():
     """The shared data folder, ``../shared/data`` from the repository root, or exit."""
-    path = Path(__file__).resolve().parents[3] / "shared" / "data"
+    here = Path(__file__).resolve()
+    path = here.parents[3] / "shared" / "data"
+    # (a git worktree, /work/wt/<name>, sits one level deeper than the main checkout)
+    for parent in here.parents[3:]:
+        if (parent / "shared" / "data").is_dir():
+            path = parent / "shared" / "data"
+            break
     if not path.is_dir():
         raise SystemExit(f"data not found: {path} (the benchmarks need shared/data)")
     return path
