@@ -249,7 +249,7 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
                 sites = model.select(x)
                 selections += 1
                 previous, value = value, model.bound(x, sites, with_grad=False)[0]
-                if value < best[0]:
+                if value < best[0] or stopped:  # (a callback's stop keeps its iterate)
                     best = (value, x, sites)
                 if res.converged and abs(value - previous) <= self.tol * max(1.0, abs(value)):
                     break
