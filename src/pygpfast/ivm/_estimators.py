@@ -31,7 +31,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .. import _core
+from .. import _core, _threads
 from .. import kernels as _kernels
 from .._base import _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
@@ -469,15 +469,15 @@ class _Model:
         these kernels."""
         if self.joint:
             return {"pi": np.ascontiguousarray(sites["pi"]), "b": np.ascontiguousarray(sites["b"])}
-        state = []
-        for l, s in enumerate(sites):
-            kernel = kernels[l % self.n_kernels]
-            XA = self.X[s["active"]]
-            KI = kernel(XA)
-            root = np.sqrt(s["site_pi"])
-            B = np.eye(len(root)) + root[:, None] * KI * root[None, :]
-            Lf = np.linalg.cholesky(B)
-            beta = scipy.linalg.solve_triangular(Lf, s["site_b"] / root, lower=True)
-            state.append({"site_pi": np.ascontiguousarray(s["site_pi"]),
-                          "L": np.ascontiguousarray(Lf), "beta": np.ascontiguousarray(beta)})
-        return state
+        with _threads.one_blas_thread():  # (d x d work: threads only wait for each other)
+            return [self._probit_state(kernels[l % self.n_kernels], s)
+                    for l, s in enumerate(sites)]
+
+    def _probit_state(self, kernel, s):
+        root = np.sqrt(s["site_pi"])
+        B = root[:, None] * kernel(self.X[s["active"]]) * root[None, :]
+        B[np.diag_indices_from(B)] += 1.0
+        Lf = scipy.linalg.cholesky(B, lower=True)  # (scipy's BLAS: the one the scope limits)
+        beta = scipy.linalg.solve_triangular(Lf, s["site_b"] / root, lower=True)
+        return {"site_pi": np.ascontiguousarray(s["site_pi"]), "L": np.ascontiguousarray(Lf),
+                "beta": np.ascontiguousarray(beta)}
