@@ -284,7 +284,8 @@ def test_joint_bound_gradient_thread_count_to_rounding(restore_threads):
         pygpfast.set_num_threads(n)
         res.append(model.bound(x, sites, with_grad=True))
     assert res[0][0] == res[1][0]
-    np.testing.assert_allclose(res[0][1], res[1][1], rtol=1e-12, atol=1e-12 * np.abs(res[0][1]).max())
+    np.testing.assert_allclose(res[0][1], res[1][1], rtol=1e-12,
+                               atol=1e-12 * np.abs(res[0][1]).max())
 
 
 @pytest.mark.parametrize("multi_class", ["joint", "ovr"])

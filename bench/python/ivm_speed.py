@@ -1,7 +1,7 @@
 """IVMClassifier speed targets on even MNIST digits (C = 5, D = 784, pixels / 255): the seed's
 train5 shape (n = 800, d = 150) and n = 4000, d = 400, each fitted with fixed hyperparameters
-and with hyperparameter learning (30 L-BFGS-B iterations, re-selection every 10; the paper's
-per-class RBF + constant kernel), and where the time goes: selections (count, seconds), bound
+and with hyperparameter learning (--max-iter L-BFGS-B iterations, default 30, re-selection
+every 10; the paper's per-class RBF + constant kernel), and where the time goes: selections (count, seconds), bound
 evaluations with gradient (count, seconds), the rest (Python, L-BFGS-B, prediction state).
 
 Usage: python bench/python/ivm_speed.py [--threads 2] [--max-iter 30]

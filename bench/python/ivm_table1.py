@@ -104,7 +104,8 @@ def main():
                     for k in ("err", "mean_p", "geo_p", "nlpd", "time")}
             paper = PAPER_TABLE1[task][method]
             print(f"{task} {method}: err {mean['err']:.4f} (paper {paper['err']}), "
-                  f"mean p {mean['mean_p']:.4f} geo p {mean['geo_p']:.4f} (paper lh {paper['lh']}), "
+                  f"mean p {mean['mean_p']:.4f} geo p {mean['geo_p']:.4f} "
+                  f"(paper lh {paper['lh']}), "
                   f"time {mean['time']:.1f} s (paper {paper['time']} s)", flush=True)
     summary = []
     for task in args.tasks.split(","):

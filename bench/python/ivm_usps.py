@@ -4,9 +4,9 @@ GaussianProcessClassifier (one-vs-rest Laplace, Rasmussen & Williams 2006, Algor
 one run, on the same training subset.
 
 scikit-learn's GPC is an exact GP (O(n^3) per class and optimiser step), so every method trains
-on the same random subset of n rows of the standard 7291-image training set (default n = 1500)
-and is tested on the full 2007-image test set. Settings: IVM d = 300 active points, shared
-RBF-ARD default kernel, 30 hyperparameter iterations (re-selection every 10); SVGP M = 100
+on the same random subset of n rows of the standard 7291-image training set (default n = 1000)
+and is tested on the full 2007-image test set. Settings: IVM d = min(200, n / 5) active points,
+shared RBF-ARD default kernel, 20 hyperparameter iterations (re-selection every 10); SVGP M = 100
 k-means inducing points, full-batch L-BFGS-B (100 iterations); GPC 1 * RBF(10) with its own
 L-BFGS-B and no restarts.
 
@@ -51,12 +51,12 @@ def evaluate(name, make, Xtr, ytr, Xte, yte):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="n = 500, fewer iterations")
-    ap.add_argument("--n", type=int, default=1500)
+    ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     if args.quick:
         args.n = 500
-    it = 10 if args.quick else 30
+    it = 10 if args.quick else 20
     pygpfast.set_num_threads(args.threads)
     Xtr, ytr, Xte, yte = load_usps()
     idx = np.random.default_rng(0).permutation(len(Xtr))[:args.n]
@@ -64,7 +64,7 @@ def main():
     from sklearn.gaussian_process import GaussianProcessClassifier
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel
 
-    d = min(300, args.n // 5)
+    d = min(200, args.n // 5)
     methods = [
         ("IVMClassifier joint (d=%d)" % d,
          lambda: IVMClassifier(active_size=d, max_iter=it, random_state=0)),
