@@ -339,10 +339,10 @@ def test_batched_fits_equal_per_block_fits_on_one_and_two_threads(rng, restore_t
     codes = spec("rbf", 2)
     kw = dict(likelihood=lik, noise_variance=0.1, max_iter=50)
     results = []
+    Xs = rng.standard_normal((11, 2))
     for threads in (1, 2):
         _core.threads.set_num_threads(threads)
         results.append(_core.moe.fit_blocks(codes, np.ones(3), X, y, off, rows, **kw))
-        Xs = rng.standard_normal((11, 2)) if threads == 1 else Xs
         fit = results[-1]
         extra = dict(noise_variance=fit["noise_variance"], mean=fit["mean"]) if lik == "gaussian" else dict(W=fit["W"])
         results[-1]["pred"] = _core.moe.predict_blocks(codes, fit["params"], X, off, rows, Xs, fit["alpha"],

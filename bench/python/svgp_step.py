@@ -59,8 +59,8 @@ def own_gflop(M, B, path):
 
 def path_used(model, X, y, scale):
     codes, params = model.kernel._spec(D)
-    return _core.svgp.elbo(codes, params, *model.likelihood._core_args(), model.Z, model.q_mu, model.q_sqrt,
-                           model.whiten, X, y, scale, model.jitter, True, return_path=True)[5]
+    return _core.svgp.elbo(codes, params, *model.likelihood._core_args(), Z=model.Z, q_mu=model.q_mu, q_sqrt=model.q_sqrt,
+                           whiten=model.whiten, X=X, y=y, scale=scale, jitter=model.jitter, with_grad=True, return_path=True)[5]
 
 
 def bench_pygpfast(grid, whiten, load):
