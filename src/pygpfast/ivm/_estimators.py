@@ -1,18 +1,18 @@
 """Informative vector machine classifiers (Lawrence, Seeger & Herbrich 2003; Seeger & Jordan
-2004, seed 002).
+2004).
 
 An IVM keeps Gaussian site approximations for an active set I of d training points, chosen
 greedily by information gain, with assumed-density-filtering (ADF) site updates; every other
 training point enters only through the hyperparameter criterion. Two latent models:
 
 * one latent function with the probit likelihood Phi(u + beta) (two classes; and each of the C
-  one-against-rest IVMs of ``multi_class="ovr"``, the seed's *binary* baseline, each with its
+  one-against-rest IVMs of ``multi_class="ovr"``, Seeger & Jordan's *binary* baseline, each with its
   own active set),
 * C coupled latent functions with the softmax likelihood and the constrained site precisions
-  of seed 002 eq. (3) (``multi_class="joint"``, the seed's *multi*), moments by C-dimensional
+  of Seeger & Jordan's eq. (3) (``multi_class="joint"``, their *multi*), moments by C-dimensional
   cubature.
 
-Hyperparameters (kernel parameters and intercepts beta) are learned as in seed 002 section 4:
+Hyperparameters (kernel parameters and intercepts beta) are learned as in Seeger & Jordan's section 4:
 minimise the upper bound F(theta) >= -log P(y | theta) with I and the natural site parameters
 fixed, by L-BFGS-B with the analytic gradient of the core; every ``reselect_every`` iterations
 I and the sites are selected again at the current hyperparameters and the quasi-Newton search
@@ -67,11 +67,11 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
     multi_class : {"joint", "ovr"}, default "joint"
         With C > 2 classes: "joint", one model of C coupled latent functions with the softmax
         likelihood (Seeger & Jordan 2004); "ovr", C one-against-rest probit IVMs with their
-        own active sets (the seed's *binary* baseline), predicting the normalised one-vs-rest
+        own active sets (Seeger & Jordan's *binary* baseline), predicting the normalised one-vs-rest
         probabilities. Two classes always make one probit IVM.
     shared_kernel : bool, default True
         One kernel for every latent function; False: a kernel per latent function (the
-        seed's setting; C times the hyperparameters), all starting from `kernel`.
+        setting of Seeger & Jordan 2004; C times the hyperparameters), all starting from `kernel`.
     optimize_hyperparameters : bool, default True
         Learn the kernel parameters and the intercepts by the section-4 bound.
     max_iter : int, default 30
@@ -87,7 +87,7 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         Gauss-Hermite product (3^C nodes) or Stroud's degree-5 rule (2 C^2 + 1 nodes);
         "auto": Gauss-Hermite up to 5 classes.
     n_random : int, default 2
-        The first inclusions are drawn at random (seed 002: "2 or 3").
+        The first inclusions are drawn at random (Seeger & Jordan 2004: "2 or 3").
     keep_fraction : float, default 0.5
         Joint model: the fraction of top scorers kept in the selection index J between
         inclusions (the rest of J, of size ceil(N / C), is drawn at random).
@@ -114,8 +114,8 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
     objective_ : float
         Minus the section-4 bound at the fitted hyperparameters and the active set selected
         there: a lower bound on log P(y | theta) (for "ovr", on the sum over the C
-        one-against-rest problems). A re-selection can lower the bound (seed 002, section
-        4): the fit keeps the hyperparameters, active set and sites of the selection (the
+        one-against-rest problems). A re-selection can lower the bound (Seeger & Jordan 2004,
+        section 4): the fit keeps the hyperparameters, active set and sites of the selection (the
         first, or one after a run of L-BFGS-B) with the highest objective.
     history_ : ndarray [n_iter_]
         The objective after each L-BFGS-B iteration, under the active set and sites of its
