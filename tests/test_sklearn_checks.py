@@ -1,9 +1,9 @@
 """scikit-learn's own estimator checks on SVGPClassifier and SVGPRegressor (Gaussian and Poisson
 likelihoods) and IVMClassifier (joint and one-vs-rest), with settings small enough for the test
-suite (few inducing points or active points, few iterations). The binary-only classifiers (a Bernoulli likelihood, the mean-field method) say so
-in their tags, and the mean-field one, which is full-batch, has no partial_fit. The Poisson
-regressor declares positive-only targets, so the checks give it y > 0 (real values, which it
-takes as scikit-learn's Poisson models do)."""
+suite (few inducing or active points, few iterations). The binary-only classifiers (a Bernoulli
+likelihood, the mean-field method) say so in their tags, and the mean-field one, which is
+full-batch, has no partial_fit. The Poisson regressor declares positive-only targets, so the
+checks give it y > 0 (real values, which it takes as scikit-learn's Poisson models do)."""
 
 import pytest
 from sklearn.utils import get_tags

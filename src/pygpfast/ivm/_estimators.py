@@ -12,8 +12,8 @@ training point enters only through the hyperparameter criterion. Two latent mode
   of Seeger & Jordan's eq. (3) (``multi_class="joint"``, their *multi*), moments by C-dimensional
   cubature.
 
-Hyperparameters (kernel parameters and intercepts beta) are learned as in Seeger & Jordan's section 4:
-minimise the upper bound F(theta) >= -log P(y | theta) with I and the natural site parameters
+Hyperparameters (kernel parameters and intercepts beta) are learned as in Seeger & Jordan's
+section 4: minimise the upper bound F(theta) >= -log P(y | theta) with I and the natural site parameters
 fixed, by L-BFGS-B with the analytic gradient of the core; every ``reselect_every`` iterations
 I and the sites are selected again at the current hyperparameters and the quasi-Newton search
 restarts (its first step along the negative gradient). The bound, its gradient, the selection
