@@ -13,10 +13,11 @@ training point enters only through the hyperparameter criterion. Two latent mode
   cubature.
 
 Hyperparameters (kernel parameters and intercepts beta) are learned as in Seeger & Jordan's
-section 4: minimise the upper bound F(theta) >= -log P(y | theta) with I and the natural site parameters
-fixed, by L-BFGS-B with the analytic gradient of the core; every ``reselect_every`` iterations
-I and the sites are selected again at the current hyperparameters and the quasi-Newton search
-restarts (its first step along the negative gradient). The bound, its gradient, the selection
+section 4: minimise the upper bound F(theta) >= -log P(y | theta) with I and the natural site
+parameters fixed, by L-BFGS-B with the analytic gradient of the core; every
+``reselect_every`` iterations I and the sites are selected again at the current
+hyperparameters and the quasi-Newton search restarts (its first step along the negative
+gradient). The bound, its gradient, the selection
 and the predictions are the compiled core's (``pygpfast._core.ivm``).
 """
 
