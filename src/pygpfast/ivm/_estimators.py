@@ -209,7 +209,8 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         x = model.start()
         self._start_reporting()
         sites = model.select(x)
-        value = model.bound(x, sites, with_grad=False)[0]
+        # (with the gradient when a run of L-BFGS-B starts there: its first evaluation)
+        value, grad = model.bound(x, sites, with_grad=self.optimize_hyperparameters)
         selections, iteration, stopped = 1, 0, False
         if self.optimize_hyperparameters:
             N = model.N
@@ -218,8 +219,11 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
             while iteration < self.max_iter and not stopped:
                 current = sites
                 wall = {"x": x, "value": value / N}
+                first = (x, value, grad)
 
-                def objective(z, current=current, wall=wall):
+                def objective(z, current=current, wall=wall, first=first):
+                    if first[2] is not None and np.array_equal(z, first[0]):
+                        return first[1] / N, first[2] / N
                     try:
                         F, grad = model.bound(z, current, with_grad=True)
                     except (ValueError, np.linalg.LinAlgError):
@@ -249,7 +253,9 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
                     break
                 sites = model.select(x)
                 selections += 1
-                previous, value = value, model.bound(x, sites, with_grad=False)[0]
+                previous = value
+                value, grad = model.bound(x, sites, with_grad=iteration < self.max_iter
+                                          and not stopped)
                 if value < best[0] or stopped:  # (a callback's stop keeps its iterate)
                     best = (value, x, sites)
                 if res.converged and abs(value - previous) <= self.tol * max(1.0, abs(value)):
