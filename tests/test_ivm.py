@@ -360,3 +360,30 @@ def test_bad_data():
     from sklearn.exceptions import NotFittedError
     with pytest.raises(NotFittedError):
         IVMClassifier().predict(X)
+
+
+def test_a_failed_reselection_keeps_the_best_selection(monkeypatch):
+    """A re-selection that raises (the core's projection at extreme hyperparameters) ends the
+    search with a ConvergenceWarning; the fit keeps the best selection before it."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    from pygpfast.ivm import _estimators
+
+    X, y = blobs(120, 3, seed=18)
+    select = _estimators._Model.select
+    calls = []
+
+    def failing(self, x):
+        calls.append(1)
+        if len(calls) > 1:
+            raise ValueError("projection: h, h_hat must be finite")
+        return select(self, x)
+
+    monkeypatch.setattr(_estimators._Model, "select", failing)
+    with pytest.warns(ConvergenceWarning, match="re-selection after hyperparameter iteration 5"):
+        m = IVMClassifier(active_size=15, max_iter=20, reselect_every=5, random_state=0).fit(X, y)
+    monkeypatch.setattr(_estimators._Model, "select", select)
+    fixed = IVMClassifier(active_size=15, optimize_hyperparameters=False, random_state=0).fit(X, y)
+    assert m.n_iter_ == 5 and m.n_selections_ == 1
+    assert m.objective_ == fixed.objective_
+    np.testing.assert_array_equal(m.predict_proba(X), fixed.predict_proba(X))

@@ -53,6 +53,10 @@ def main():
     ap.add_argument("--quick", action="store_true", help="n = 500, fewer iterations")
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--methods", default="ivm,svgp,gpc")
+    ap.add_argument("--ivm-kernel", choices=("default", "isotropic"), default="default",
+                    help="IVM kernel: the default (RBF-ARD, median heuristic) or an isotropic "
+                         "RBF at the root mean square distance, variance 10")
     args = ap.parse_args()
     if args.quick:
         args.n = 500
@@ -65,11 +69,20 @@ def main():
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel
 
     d = min(200, args.n // 5)
+    kernel = None
+    if args.ivm_kernel == "isotropic":
+        from pygpfast import kernels
+
+        sub = Xtr[:500]
+        rms = float(np.sqrt(np.mean(((sub[:, None, :] - sub[None, :100, :]) ** 2).sum(-1))))
+        kernel = kernels.RBF(variance=10.0, lengthscale=rms)
+    tag = "" if kernel is None else ", isotropic RBF"
     methods = [
-        ("IVMClassifier joint (d=%d)" % d,
-         lambda: IVMClassifier(active_size=d, max_iter=it, random_state=0)),
-        ("IVMClassifier ovr (d=%d)" % d,
-         lambda: IVMClassifier(active_size=d, multi_class="ovr", max_iter=it, random_state=0)),
+        ("IVMClassifier joint (d=%d%s)" % (d, tag),
+         lambda: IVMClassifier(kernel, active_size=d, max_iter=it, random_state=0)),
+        ("IVMClassifier ovr (d=%d%s)" % (d, tag),
+         lambda: IVMClassifier(kernel, active_size=d, multi_class="ovr", max_iter=it,
+                               random_state=0)),
         ("SVGPClassifier softmax (M=100, L-BFGS-B)",
          lambda: SVGPClassifier(n_inducing=100, optimizer="lbfgs", max_iter=100 if not args.quick
                                 else 20, random_state=0)),
@@ -77,9 +90,14 @@ def main():
          lambda: GaussianProcessClassifier(ConstantKernel(1.0) * RBF(10.0),
                                            multi_class="one_vs_rest", random_state=0)),
     ]
+    keep = set(args.methods.split(","))
+    methods = [m for m in methods if ("ivm" if m[0].startswith("IVM") else "svgp"
+                                      if m[0].startswith("SVGP") else "gpc") in keep]
     rows = [evaluate(name, make, Xtr, ytr, Xte, yte) for name, make in methods]
     print(common.table(rows, ["method", "accuracy", "nlpd", "fit (s)"]))
-    path = common.write_json("ivm_usps" + ("_quick" if args.quick else ""), {
+    name = "ivm_usps" + ("_isotropic" if kernel is not None else "") + (
+        "_quick" if args.quick else "")
+    path = common.write_json(name, {
         "context": common.context(args.threads), "args": vars(args), "n_train": args.n,
         "n_test": len(yte), "rows": rows})
     print(f"wrote {path}")

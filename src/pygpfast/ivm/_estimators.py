@@ -28,6 +28,7 @@ import numpy as np
 import scipy.linalg
 import scipy.special
 from sklearn.base import ClassifierMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -39,6 +40,7 @@ from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._optimize import lbfgs
 from .._base._params import BOOL, COMMON, NONE, Interval, Options
 from .._validation import array_of_matrix
+from ..exceptions import warn_at_caller
 
 __all__ = ["IVMClassifier"]
 
@@ -251,7 +253,15 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
                 x = res.x
                 if res.n_iter == 0 and not stopped:
                     break
-                sites = model.select(x)
+                try:
+                    sites = model.select(x)
+                except (ValueError, np.linalg.LinAlgError) as exc:
+                    # (far from the start, e.g. at kernel variances where the cubature's
+                    # tilted moments overflow; the search keeps its best selection)
+                    warn_at_caller(f"the re-selection after hyperparameter iteration "
+                                   f"{iteration} failed ({exc}); the fit keeps the best "
+                                   "selection before it", ConvergenceWarning)
+                    break
                 selections += 1
                 previous = value
                 value, grad = model.bound(x, sites, with_grad=iteration < self.max_iter
