@@ -181,7 +181,9 @@ def test_optimiser_reaches_scipy_lbfgsb_optimum(rng, kind, with_prior, fit_mean)
     off, rows = one_block(len(y))
     fit = _core.moe.fit_blocks(codes, params0, X, y, off, rows, noise_variance=noise0, mean=mean0, fit_mean=fit_mean,
                                prior_loc=loc, prior_scale=scale, tol=1e-14, gtol=1e-8)
-    assert fit["status"][0] in (0, 1)
+    # (0, 1: a tolerance met; 3: the line search found no decrease, which at the optimum rounding
+    # can cause: OpenBLAS 0.3.21's rounding, the dependency floors, ended one run that way)
+    assert fit["status"][0] in (0, 1, 3)
     np.testing.assert_allclose(-fit["objective"][0], ref.fun, rtol=1e-6)
     assert -fit["objective"][0] <= ref.fun + 1e-6 * abs(ref.fun)
     np.testing.assert_allclose(np.log(fit["params"][0]), ref.x[:3], atol=1e-3)

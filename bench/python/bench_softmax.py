@@ -246,9 +246,7 @@ def main():
     print("|---" * (len(keys) + 2) + "|")
     for r in results["rows"]:
         print(f"| {r['set']} | {r['method']} | " + " | ".join(f"{r[k]:.2g}" for k in keys) + " |")
-    common.RESULTS.mkdir(exist_ok=True)
-    out = common.RESULTS / f"softmax_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    out.write_text(json.dumps(results, indent=1))
+    out = common.write_json(results, args.data.replace(",", "-") if args.data != "glass,usps" else None)
     print("wrote", out)
 
 

@@ -144,8 +144,9 @@ def main():
           f"load={'1 busy core' if args.load else 'none'}; CPU {ctx['cpu']}; BLAS {blas}; "
           f"GEMM {gemm:.1f} GFLOP/s")
     print(common.table(table_rows, cols))
-    name = f"svgp_step_t{args.threads}" + ("_u" if not whiten else "") + ("_load" if args.load else "")
-    print("wrote", common.write_json(name, {"context": ctx, "rows": rows, "peers": peers, "table": table_rows}))
+    variant = f"t{args.threads}" + ("-unwhitened" if not whiten else "") + ("-load" if args.load else "") \
+        + ("-peers" if peers else "") + ("-grid" if args.grid else "")
+    print("wrote", common.write_json({"context": ctx, "rows": rows, "peers": peers, "table": table_rows}, variant))
     return 0
 
 
