@@ -439,3 +439,23 @@ def test_the_minibatch_steps_follow_the_log_joint(with_prior):
     d_variance = g["kernel"][0] * 1.0 + (500.0 if with_prior else 0.0)  # (at variance 1)
     assert np.sign(step) == np.sign(d_variance) and abs(step) == pytest.approx(0.01, rel=1e-3)
     assert (step > 0) == with_prior
+
+
+def test_ivm_bound_gradient_includes_the_prior():
+    # the IVM's search minimises the section-4 bound minus the log prior of each kernel block
+    from pygpfast.ivm import _estimators as ivm
+
+    X, y = _toy("binary", n=50)
+    kernel = RBF(1.2, [0.8, 1.1], priors={"variance": LogNormal(0.5, 1.0),
+                                          "lengthscale": LogNormal([0.1, -0.2], 0.7)})
+    est = pygpfast.IVMClassifier(kernel, active_size=12, random_state=0)
+    model = ivm._Model(est, X, y, 2, kernel, 0)
+    x = model.start() + 0.05
+    sites = model.select(x)
+    F, grad = model.bound(x, sites, with_grad=True)
+    F0, _ = model._bound(x, sites, with_grad=False)
+    assert F == pytest.approx(F0 - kernel.log_prior(x[:3]), rel=1e-13)
+    np.testing.assert_allclose(grad, _central(lambda z: model.bound(z, sites, with_grad=False)[0],
+                                              x, h=1e-6), rtol=1e-5, atol=1e-7)
+    fitted = pygpfast.IVMClassifier(kernel, active_size=12, max_iter=5, random_state=0).fit(X, y)
+    assert fitted.log_prior_ == pytest.approx(fitted.kernel_.log_prior(), rel=1e-13)

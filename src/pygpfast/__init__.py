@@ -36,14 +36,16 @@ finally:
     if _omp_wait_policy is None:
         del _os.environ["OMP_WAIT_POLICY"]
 
-from . import cvi, datasets, kernels, likelihoods, linalg, piecewise, priors
+from . import cvi, datasets, ivm, kernels, likelihoods, linalg, piecewise, priors
 from ._threads import get_num_threads, set_num_threads
 from .cvi import VGPClassifier, VGPPoissonRegressor
+from .ivm import IVMClassifier
 from .svgp import SVGPClassifier, SVGPRegressor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "IVMClassifier",
     "LinAlgError",
     "NumericalWarning",
     "SVGPClassifier",
@@ -53,6 +55,7 @@ __all__ = [
     "cvi",
     "datasets",
     "get_num_threads",
+    "ivm",
     "kernels",
     "likelihoods",
     "linalg",
