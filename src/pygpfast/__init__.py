@@ -36,14 +36,17 @@ finally:
     if _omp_wait_policy is None:
         del _os.environ["OMP_WAIT_POLICY"]
 
-from . import cvi, datasets, kernels, likelihoods, linalg, piecewise
+from . import cvi, datasets, kernels, likelihoods, linalg, moe, piecewise
 from ._threads import get_num_threads, set_num_threads
 from .cvi import VGPClassifier, VGPPoissonRegressor
+from .moe import ISMOEClassifier, ISMOERegressor
 from .svgp import SVGPClassifier, SVGPRegressor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ISMOEClassifier",
+    "ISMOERegressor",
     "LinAlgError",
     "NumericalWarning",
     "SVGPClassifier",
@@ -56,6 +59,7 @@ __all__ = [
     "kernels",
     "likelihoods",
     "linalg",
+    "moe",
     "piecewise",
     "set_num_threads",
     "__version__",
