@@ -30,6 +30,10 @@ ESTIMATORS = [
     ("VGPClassifier-softmax", lambda **kw: pygpfast.VGPClassifier(likelihood="softmax", max_iter=10, **kw), "multiclass"),
     ("VGPClassifier-ordinal", lambda **kw: pygpfast.VGPClassifier(likelihood="ordinal", max_iter=10, **kw), "multiclass"),
     ("VGPPoissonRegressor", lambda **kw: pygpfast.VGPPoissonRegressor(max_iter=15, **kw), "counts"),
+    ("ISMOERegressor", lambda **kw: pygpfast.ISMOERegressor(n_experts=3, n_samples=4, max_iter=30, **kw), "regression"),
+    ("ISMOERegressor-minibatch", lambda **kw: pygpfast.ISMOERegressor(n_experts=2, n_samples=4, batch_size=50, psis=True, max_iter=30, **kw), "regression"),
+    ("ISMOEClassifier", lambda **kw: pygpfast.ISMOEClassifier(n_experts=2, n_samples=4, max_iter=30, **kw), "binary"),
+    ("ISMOEClassifier-logit-random", lambda **kw: pygpfast.ISMOEClassifier(likelihood="logit", partition="random", n_experts=2, n_samples=4, max_iter=30, **kw), "binary"),
 ]
 IDS = [case[0] for case in ESTIMATORS]
 

@@ -8,7 +8,7 @@ takes as scikit-learn's Poisson models do)."""
 import pytest
 from sklearn.utils import get_tags
 
-from pygpfast import SVGPClassifier, SVGPRegressor, likelihoods
+from pygpfast import ISMOEClassifier, ISMOERegressor, SVGPClassifier, SVGPRegressor, likelihoods
 from sklearn_checks import parametrize_with_checks
 
 SMALL = {"n_inducing": 8, "max_iter": 30}
@@ -21,6 +21,8 @@ SMALL = {"n_inducing": 8, "max_iter": 30}
     SVGPClassifier(method="mf", **SMALL),
     SVGPRegressor(**SMALL),
     SVGPRegressor(likelihood="poisson", **SMALL),
+    ISMOERegressor(n_experts=2, n_samples=4, max_iter=20),
+    ISMOEClassifier(n_experts=2, n_samples=4, max_iter=20),
 ])
 def test_sklearn_compatible(estimator, check):
     check(estimator)

@@ -7,6 +7,8 @@ GPflow's glossary: X [N, D], X2 [M, D], Z [M, D].
 import numpy as np
 from numpy.typing import NDArray
 
+from . import moe as moe
+
 F64 = NDArray[np.float64]
 
 blas_source: str
