@@ -12,6 +12,7 @@ from scipy.special import logsumexp
 
 from .. import _core
 from .._base import _optimize
+from .._threads import one_blas_thread
 from . import _proposal
 
 
@@ -87,8 +88,11 @@ def _shared_theta(cfg, X, y, blocks):
         return -value, -grad
 
     bounds = list(zip(cfg.lower[:n_u], cfg.upper[:n_u]))
-    res = _optimize.lbfgs(objective, u0, bounds=bounds, max_iter=cfg.max_iter, ftol=cfg.tol,
-                          gtol=1e-6)
+    # (small blocks, one after another: the BLAS on one thread, as fit_blocks runs each block;
+    # threaded BLAS on blocks of ~100 rows ran 10-50 times slower on the loaded 2-core machine)
+    with one_blas_thread():
+        res = _optimize.lbfgs(objective, u0, bounds=bounds, max_iter=cfg.max_iter, ftol=cfg.tol,
+                              gtol=1e-6)
     u = res.x
     return (np.exp(u[:P]), float(np.exp(u[P])) if gaussian else 1.0,
             float(u[P + 1]) if gaussian and cfg.fit_mean else 0.0)
