@@ -225,13 +225,14 @@ def select_samples(state, keep):
     return out
 
 
-#: A sample whose log weight is this far below the largest has a normalised weight of exactly 0
-#: in float64 (exp(-746) underflows): its experts can be dropped without changing a prediction.
-PRUNE_LOG_RATIO = 746.0
+#: Samples whose weight is below 1e-16 of the largest (log weight this far below it) are left
+#: out of the fitted state and of predictions: their share of any mixture prediction is below
+#: float64 rounding. (The running maximum only grows, so the fit may drop them as it goes.)
+PRUNE_LOG_RATIO = float(np.log(1e16))
 
 
 def prune(state):
-    """Drop the samples whose normalised weight is exactly 0 (see PRUNE_LOG_RATIO)."""
+    """Drop the samples whose weight is negligible (see PRUNE_LOG_RATIO)."""
     lw = state["log_weight"]
     keep = lw >= lw.max() - PRUNE_LOG_RATIO
     return state if keep.all() else select_samples(state, keep)

@@ -156,7 +156,8 @@ class _ISMOEEstimator(GPEstimator):
             self.pareto_k_ = None
         self.weights_ = np.exp(lw)
         self.effective_sample_size_ = float(1.0 / np.sum(self.weights_**2))
-        keep = np.isin(state["samples"], np.flatnonzero(self.weights_ > 0))
+        negligible = self.weights_ < self.weights_.max() * np.exp(-_engine.PRUNE_LOG_RATIO)
+        keep = np.isin(state["samples"], np.flatnonzero(~negligible))
         state = _engine.select_samples(state, keep)
         self.experts_ = state
         self._Xb = np.ascontiguousarray(X[state["rows"]])
@@ -300,8 +301,9 @@ _ATTRIBUTES = """
         The largest expert's fitted kernel in the sample of largest weight (a copy).
     restart_ : None
     experts_ : dict
-        The fitted experts of the samples of non-zero weight (arrays; see
-        ``pygpfast.moe._engine.fit_chunk``).
+        The fitted experts of the samples whose weight is at least 1e-16 of the largest (the
+        others' share of a prediction is below float64 rounding): arrays, see
+        ``pygpfast.moe._engine.fit_chunk``.
     n_features_in_ : int
 """
 
