@@ -59,6 +59,8 @@ class _ISMOEEstimator(GPEstimator):
     _NOISE_START = 0.1
     #: An ConvergenceWarning when the effective sample size falls below max(2, this x J).
     _ESS_FRACTION = 0.01
+    #: Predictions drop the lightest samples whose weights sum to less than this.
+    _NEGLIGIBLE_MASS = 1e-12
     #: Test rows per prediction step: bounded so that the [rows, blocks] arrays stay ~64 MB.
     _PREDICT_BYTES = 64 << 20
 
@@ -156,10 +158,17 @@ class _ISMOEEstimator(GPEstimator):
             self.pareto_k_ = None
         self.weights_ = np.exp(lw)
         self.effective_sample_size_ = float(1.0 / np.sum(self.weights_**2))
-        negligible = self.weights_ < self.weights_.max() * np.exp(-_engine.PRUNE_LOG_RATIO)
-        keep = np.isin(state["samples"], np.flatnonzero(~negligible))
+        # Predictions leave out the lightest samples whose weights add up to under
+        # _NEGLIGIBLE_MASS (any predicted probability moves by less than that) and renormalise
+        # over the rest: with an ESS near 1, one or a few samples instead of every one.
+        order = np.argsort(self.weights_, kind="stable")
+        light = order[np.cumsum(self.weights_[order]) < self._NEGLIGIBLE_MASS]
+        used = np.ones(J, dtype=bool)
+        used[light] = False
+        keep = np.isin(state["samples"], np.flatnonzero(used))
         state = _engine.select_samples(state, keep)
         self.experts_ = state
+        self._log_mass = float(np.log(np.sum(self.weights_[state["samples"]])))
         self._Xb = np.ascontiguousarray(X[state["rows"]])
         self.n_blocks_ = int(state["n_blocks"].sum())
         # kernel_: the largest expert of the sample with the largest weight
@@ -191,8 +200,7 @@ class _ISMOEEstimator(GPEstimator):
                 logr -= logsumexp(logr, axis=1, keepdims=True)
             else:
                 logr = np.full((Xs.shape[0], n), -math.log(n))
-            with np.errstate(divide="ignore"):
-                out[:, b:b + n] = logr + np.log(self.weights_[j])
+            out[:, b:b + n] = logr + (np.log(self.weights_[j]) - self._log_mass)
             b += n
         return out
 
@@ -301,9 +309,10 @@ _ATTRIBUTES = """
         The largest expert's fitted kernel in the sample of largest weight (a copy).
     restart_ : None
     experts_ : dict
-        The fitted experts of the samples whose weight is at least 1e-16 of the largest (the
-        others' share of a prediction is below float64 rounding): arrays, see
-        ``pygpfast.moe._engine.fit_chunk``.
+        The fitted experts that predictions use, arrays (see
+        ``pygpfast.moe._engine.fit_chunk``): those of every sample but the lightest whose
+        weights add up to under 1e-12 (predictions renormalise over the rest; a predicted
+        probability moves by less than 1e-12).
     n_features_in_ : int
 """
 
