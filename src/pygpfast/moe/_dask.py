@@ -41,15 +41,27 @@ def resolve_client(client, backend):
     return None
 
 
-def run_chunks(client, X, Xs, y, cfg, chunks):
-    """Yield :func:`._engine.fit_chunk`'s result for each chunk (a list of sample indices), in
-    the order of `chunks`, computed on the client's workers."""
+def _log_weight(result):
+    return result["log_weight"]
+
+
+def run_chunks(client, X, Xs, y, cfg, chunks, needed=None):
+    """Yield ``(log weights [S], state)`` for each chunk (a list of S sample indices), in the
+    order of `chunks`, computed on the client's workers: the log weights come back first, and
+    the state (:func:`._engine.fit_chunk`'s dict) only of the samples where ``needed(log
+    weights)`` is true (all when `needed` is None), selected on the worker."""
     X_f, Xs_f, y_f = client.scatter([X, Xs, y], broadcast=True)
     futures = [client.submit(_engine.fit_chunk, X_f, Xs_f, y_f, cfg, chunk, pure=False,
                              retries=3) for chunk in chunks]
     try:
         for future in futures:
-            yield future.result()
+            log_weight = client.submit(_log_weight, future, pure=False, retries=3).result()
+            if needed is None:
+                yield log_weight, future.result()
+                continue
+            keep = needed(log_weight)
+            yield log_weight, client.submit(_engine.select_samples, future, keep, pure=False,
+                                            retries=3).result()
     finally:
         for future in futures:
             future.cancel()

@@ -190,7 +190,8 @@ _PER_ROW = ("rows", "alpha", "W")
 
 def merge(parts):
     """One state (the dict of :func:`fit_chunk`) from several, in their order."""
-    parts = [p for p in parts if p["samples"].size]
+    nonempty = [p for p in parts if p["samples"].size]
+    parts = nonempty or parts[:1]
     out = {}
     for key in parts[0]:
         if key == "offsets":

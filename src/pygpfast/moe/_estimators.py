@@ -113,18 +113,31 @@ class _ISMOEEstimator(GPEstimator):
         per = self.samples_per_iteration or max(1, math.ceil(J / 8))
         chunks = [list(range(a, min(a + per, J))) for a in range(0, J, per)]
         client = _dask.resolve_client(self.client, self.backend)
-        results = (_dask.run_chunks(client, X, Xs, t, cfg, chunks) if client is not None
-                   else (_engine.fit_chunk(X, Xs, t, cfg, c) for c in chunks))
+        prune = self.weighting == "importance" and not self.psis  # (else every sample counts)
+        top = [-np.inf]
+
+        def needed(log_weight):
+            # (the samples the threaded fit keeps after this chunk: within the pruning ratio of
+            # the running maximum; a Dask worker sends back only their experts)
+            top[0] = max(top[0], float(np.max(log_weight)))
+            return log_weight >= top[0] - _engine.PRUNE_LOG_RATIO
+
+        if client is not None:
+            results = _dask.run_chunks(client, X, Xs, t, cfg, chunks,
+                                       needed=needed if prune else None)
+        else:
+            results = ((p["log_weight"], p) for p in
+                       (_engine.fit_chunk(X, Xs, t, cfg, c) for c in chunks))
         self._start = start
         self._unit_shift = cfg.gamma * B * self._log_unit()
         self._start_reporting()
         state, log_w = None, []
-        for it, part in enumerate(results, start=1):
+        for it, (chunk_log_weight, part) in enumerate(results, start=1):
             part["log_weight"] = part["log_weight"] - self._unit_shift
-            log_w.append(part["log_weight"])
+            log_w.append(chunk_log_weight - self._unit_shift)
             state = part if state is None else _engine.merge([state, part])
-            if self.weighting == "importance" and not self.psis:
-                state = _engine.prune(state)  # (PSIS and uniform weights: every sample counts)
+            if prune:
+                state = _engine.prune(state)
             lw = np.concatenate(log_w)
             objective = float(logsumexp(lw) - math.log(lw.size))
             if self._report(it, objective, f"samples {lw.size}",
