@@ -1,5 +1,6 @@
 """The concave variational inference core (seed 004) against dense numpy/scipy references."""
 
+import dataclasses
 import numpy as np
 import pytest
 from scipy import integrate, optimize, special
@@ -8,6 +9,23 @@ import pygpfast
 from pygpfast import LinAlgError, _core, cvi
 from pygpfast.kernels import RBF, White
 from pygpfast.piecewise import llp_bound
+
+
+def _T(x):
+    return None if x is None else np.asarray(x, dtype=float).T
+
+
+def _infer(Sigma, y, lb, *, alpha=None, lambda_=None, **kw):
+    """cvi.infer with its latent arrays latent-major [L, N], as this file's dense references
+    (tests/dense.py) take them; the API's are [N, L]."""
+    r = cvi.infer(Sigma, y, lb, alpha=_T(alpha), lambda_=_T(lambda_), **kw)
+    return dataclasses.replace(r, alpha=r.alpha.T, lambda_=r.lambda_.T)
+
+
+def _oa_objective(Sigma, y, lb, alpha, lambda_, **kw):
+    """cvi.oa_objective, latent-major as _infer."""
+    value, da, dl = cvi.oa_objective(Sigma, y, lb, _T(alpha), _T(lambda_), **kw)
+    return value, da.T, dl.T
 
 B20 = llp_bound(20)
 
@@ -222,7 +240,7 @@ def test_fixed_point_solution_satisfies_eqs_7_and_8(kind):
     X, y, kernel, lb = _problem(kind)
     Sigma = kernel(X)
     mean = np.full(lb.n_latent, 0.3)
-    r = cvi.infer(Sigma, y, lb, mean=mean, tol=0.0, max_iter=60, return_V=True)
+    r = _infer(Sigma, y, lb, mean=mean, tol=0.0, max_iter=60, return_V=True)
     bound, m, V = dense_bound(Sigma, y, lb, r.alpha, r.lambda_, mean)
     assert r.bound == pytest.approx(bound, rel=1e-11)
     assert np.allclose(r.V, V, atol=1e-11)
@@ -242,7 +260,7 @@ def test_poisson_bound_of_real_targets_matches_dense_reference(method):
     y = y + np.linspace(0.0, 0.9, y.size)
     y[3] = 2.5
     Sigma = kernel(X)
-    r = cvi.infer(Sigma, y, lb, mean=[0.4], method=method, tol=0.0, max_iter=60)
+    r = _infer(Sigma, y, lb, mean=[0.4], method=method, tol=0.0, max_iter=60)
     Om = np.linalg.inv(Sigma)
     V = np.linalg.inv(Om + np.diag(r.lambda_[0]))
     m = 0.4 + Sigma @ r.alpha[0]
@@ -266,9 +284,9 @@ def test_poisson_labels_outside_the_support_are_named(bad):
     with pytest.raises(ValueError, match=message):
         lb(y, np.zeros(10), np.ones(10))
     with pytest.raises(ValueError, match=message):
-        cvi.infer(np.eye(10), y, lb)
+        _infer(np.eye(10), y, lb)
     with pytest.raises(ValueError, match=message):
-        cvi.oa_objective(np.eye(10), y, lb, np.zeros((1, 10)), np.ones((1, 10)))
+        _oa_objective(np.eye(10), y, lb, np.zeros((1, 10)), np.ones((1, 10)))
 
 
 @pytest.mark.parametrize("kind", ["logit", "poisson", "ordinal", "softmax"])
@@ -279,16 +297,16 @@ def test_opper_archambeau_objective_and_gradients(kind, rng):
     alpha = rng.normal(size=(L, N)) * 0.3
     lam = rng.uniform(0.05, 1.0, size=(L, N))
     mean = rng.normal(size=L)
-    value, da, dl = cvi.oa_objective(Sigma, y, lb, alpha, lam, mean=mean)
+    value, da, dl = _oa_objective(Sigma, y, lb, alpha, lam, mean=mean)
     assert value == pytest.approx(dense_bound(Sigma, y, lb, alpha, lam, mean)[0], rel=1e-11)
     h = 1e-4  # (the objective carries ~1e-12 rounding from its Cholesky)
     for (l, n) in [(0, 0), (L - 1, 7), (0, 19)]:
         e = np.zeros((L, N))
         e[l, n] = h
-        fa = (cvi.oa_objective(Sigma, y, lb, alpha + e, lam, mean=mean)[0]
-              - cvi.oa_objective(Sigma, y, lb, alpha - e, lam, mean=mean)[0]) / (2 * h)
-        fl = (cvi.oa_objective(Sigma, y, lb, alpha, lam + e, mean=mean)[0]
-              - cvi.oa_objective(Sigma, y, lb, alpha, lam - e, mean=mean)[0]) / (2 * h)
+        fa = (_oa_objective(Sigma, y, lb, alpha + e, lam, mean=mean)[0]
+              - _oa_objective(Sigma, y, lb, alpha - e, lam, mean=mean)[0]) / (2 * h)
+        fl = (_oa_objective(Sigma, y, lb, alpha, lam + e, mean=mean)[0]
+              - _oa_objective(Sigma, y, lb, alpha, lam - e, mean=mean)[0]) / (2 * h)
         assert da[l, n] == pytest.approx(fa, rel=1e-6, abs=1e-8)
         assert dl[l, n] == pytest.approx(fl, rel=1e-6, abs=1e-8)
 
@@ -298,8 +316,8 @@ def test_both_methods_reach_the_same_optimum(kind):
     # (for Poisson the Opper-Archambeau iteration needs thousands of L-BFGS steps even at N = 20)
     X, y, kernel, lb = _problem(kind, N=40)
     Sigma = kernel(X)
-    fp = cvi.infer(Sigma, y, lb, tol=1e-14)
-    oa = cvi.infer(Sigma, y, lb, method="opper-archambeau", tol=1e-15, max_iter=3000)
+    fp = _infer(Sigma, y, lb, tol=1e-14)
+    oa = _infer(Sigma, y, lb, method="opper-archambeau", tol=1e-15, max_iter=3000)
     assert oa.bound == pytest.approx(fp.bound, rel=1e-9)
     assert oa.bound <= fp.bound + 1e-12 * abs(fp.bound)
     assert np.allclose(oa.alpha, fp.alpha, atol=1e-4)
@@ -308,7 +326,7 @@ def test_both_methods_reach_the_same_optimum(kind):
 def test_blocked_updates_give_the_iterates_of_the_literal_algorithm():
     X, y, kernel, lb = _problem("logit", N=70, variance=20.0, lengthscale=2.0)
     Sigma = kernel(X)
-    runs = [cvi.infer(Sigma, y, lb, tol=0.0, max_iter=6, block_size=b, return_V=True)
+    runs = [_infer(Sigma, y, lb, tol=0.0, max_iter=6, block_size=b, return_V=True)
             for b in (1, 8, 64)]
     for r in runs[1:]:
         assert np.allclose(r.history[:, 0], runs[0].history[:, 0], rtol=1e-12, atol=0)
@@ -331,7 +349,7 @@ def test_threaded_rank_b_updates_do_not_depend_on_the_thread_count(restore_threa
     Vs = []
     for n in (1, 2):
         pygpfast.set_num_threads(n)
-        Vs.append(cvi.infer(Sigma, y, lb, lambda_=lam, max_iter=0, return_V=True).V[0])
+        Vs.append(_infer(Sigma, y, lb, lambda_=lam, max_iter=0, return_V=True).V[0])
     if pygpfast._core.blas.thread_control:
         assert np.array_equal(Vs[0], Vs[1])
     else:
@@ -343,7 +361,7 @@ def test_threaded_rank_b_updates_do_not_depend_on_the_thread_count(restore_threa
 def test_bound_never_decreases_for_large_prior_variance():
     # log sigma = 3 (variance e^6 ~ 403): slow, strongly coupled, many scalar solves bracketed
     X, y, kernel, lb = _problem("logit", N=60, variance=np.exp(6), lengthscale=np.exp(1.5))
-    r = cvi.infer(kernel(X), y, lb, tol=1e-12, max_iter=300)
+    r = _infer(kernel(X), y, lb, tol=1e-12, max_iter=300)
     hist = r.history[:, 0]
     assert r.converged
     assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
@@ -393,9 +411,9 @@ def test_a_coupled_iteration_matches_a_dense_reference():
     X, y, kernel, lb = _problem("logit", N=40, variance=400.0, lengthscale=2.0)
     Sigma = kernel(X)
     k = next(k for k in range(2, 12)
-             if cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=k).info["coupled_steps"] == 1)
-    before = cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=k - 1)
-    after = cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=k)
+             if _infer(Sigma, y, lb, tol=-1.0, max_iter=k).info["coupled_steps"] == 1)
+    before = _infer(Sigma, y, lb, tol=-1.0, max_iter=k - 1)
+    after = _infer(Sigma, y, lb, tol=-1.0, max_iter=k)
     assert before.info["coupled_steps"] == 0
     a, lam = before.alpha[0], before.lambda_[0]
     V = _dense_V(Sigma, lam)
@@ -420,8 +438,8 @@ def test_coupled_mean_steps_reach_algorithm_1s_optimum_in_fewer_iterations(kind,
                                                                           lengthscale):
     X, y, kernel, lb = _problem(kind, N=60, variance=variance, lengthscale=lengthscale)
     Sigma = kernel(X)
-    literal = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=500, coupled_means=False)
-    coupled = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=500)
+    literal = _infer(Sigma, y, lb, tol=1e-12, max_iter=500, coupled_means=False)
+    coupled = _infer(Sigma, y, lb, tol=1e-12, max_iter=500)
     assert literal.converged and coupled.converged
     assert literal.info["coupled_steps"] == 0
     assert coupled.info["coupled_steps"] >= 2 and coupled.info["undone_coupled_steps"] == 0
@@ -440,8 +458,8 @@ def test_an_undone_coupled_iteration_falls_back_to_algorithm_1():
     # run as Algorithm 1's; the run still ends at Algorithm 1's optimum, monotone.
     X, y, kernel, lb = _problem("ordinal", N=80, seed=2, variance=1e5, lengthscale=0.3)
     Sigma = kernel(X)
-    literal = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=500, coupled_means=False)
-    coupled = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=500)
+    literal = _infer(Sigma, y, lb, tol=1e-12, max_iter=500, coupled_means=False)
+    coupled = _infer(Sigma, y, lb, tol=1e-12, max_iter=500)
     assert coupled.info["undone_coupled_steps"] >= 1 and coupled.info["coupled_steps"] >= 1
     assert literal.converged and coupled.converged
     assert coupled.bound == pytest.approx(literal.bound, rel=1e-10)
@@ -451,7 +469,7 @@ def test_an_undone_coupled_iteration_falls_back_to_algorithm_1():
 
 @pytest.mark.parametrize("variance, lengthscale, capped", [(50.0, 1.0, False), (100.0, 0.5, True)])
 def test_a_multinomial_coupled_step_matches_the_dense_joint_system(variance, lengthscale, capped):
-    # The multinomial bound's coupled step solves a reduced system by Woodbury (cvi.cpp); the
+    # The multinomial bound's coupled step solves a reduced system by Woodbury (means.cpp); the
     # reference solves the joint 2 L N system of cvi.hpp densely, with the local second
     # derivatives F_mm = -H, F_mv = -H / 2, F_vv = -H / 4 (H = diag(p) - p p^T per point), and
     # applies the same trust region (no mean moves by more than 3), which scales the second
@@ -460,9 +478,9 @@ def test_a_multinomial_coupled_step_matches_the_dense_joint_system(variance, len
     X, y, kernel, lb = _problem("softmax", N=40, variance=variance, lengthscale=lengthscale)
     Sigma = kernel(X)
     k = next(k for k in range(2, 30)
-             if cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=k).info["coupled_steps"] == 1)
-    before = cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=k - 1)
-    after = cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=k)
+             if _infer(Sigma, y, lb, tol=-1.0, max_iter=k).info["coupled_steps"] == 1)
+    before = _infer(Sigma, y, lb, tol=-1.0, max_iter=k - 1)
+    after = _infer(Sigma, y, lb, tol=-1.0, max_iter=k)
     assert before.info["coupled_steps"] == 0 and after.info["undone_coupled_steps"] == 0
     a, lam = before.alpha, before.lambda_
     L, N = a.shape
@@ -498,10 +516,10 @@ def test_multinomial_coupled_steps_reach_algorithm_1s_optimum_with_fewer_flops(v
     Sigma = kernel(X)
     start = {}
     if warm:  # converged at this kernel, then restarted at 1.1 times its variance
-        r = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=2000, coupled_means=False)
+        r = _infer(Sigma, y, lb, tol=1e-12, max_iter=2000, coupled_means=False)
         start, Sigma = {"alpha": r.alpha, "lambda_": r.lambda_}, 1.1 * Sigma
-    literal = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=2000, coupled_means=False, **start)
-    coupled = cvi.infer(Sigma, y, lb, tol=1e-12, max_iter=2000, **start)
+    literal = _infer(Sigma, y, lb, tol=1e-12, max_iter=2000, coupled_means=False, **start)
+    coupled = _infer(Sigma, y, lb, tol=1e-12, max_iter=2000, **start)
     assert literal.converged and coupled.converged
     assert literal.info["coupled_steps"] == 0 and coupled.info["coupled_steps"] >= 2
     assert coupled.bound == pytest.approx(literal.bound, rel=1e-10)
@@ -517,7 +535,7 @@ def test_V_stays_symmetric_positive_definite_through_thousands_of_updates():
     X, y, kernel, lb = _problem("logit", N=100, variance=5.0)
     Sigma = kernel(X)
     # 40 sweeps of 100 rank-one updates each (a negative tol never stops early)
-    r = cvi.infer(Sigma, y, lb, tol=-1.0, max_iter=40, block_size=1, return_V=True)
+    r = _infer(Sigma, y, lb, tol=-1.0, max_iter=40, block_size=1, return_V=True)
     assert r.iterations == 40
     V = r.V[0]
     assert np.array_equal(V, V.T)
@@ -529,9 +547,9 @@ def test_V_stays_symmetric_positive_definite_through_thousands_of_updates():
 def test_warm_start_reaches_the_same_optimum():
     X, y, kernel, lb = _problem("poisson", N=50)
     Sigma = kernel(X)
-    cold = cvi.infer(Sigma, y, lb, tol=1e-14)
+    cold = _infer(Sigma, y, lb, tol=1e-14)
     rng = np.random.default_rng(3)
-    warm = cvi.infer(Sigma, y, lb, tol=1e-14, alpha=cold.alpha * 0.8,
+    warm = _infer(Sigma, y, lb, tol=1e-14, alpha=cold.alpha * 0.8,
                      lambda_=cold.lambda_ * rng.uniform(0.5, 1.5, cold.lambda_.shape))
     assert warm.bound == pytest.approx(cold.bound, rel=1e-11)
     assert warm.iterations < cold.iterations
@@ -546,8 +564,9 @@ def test_hyperparameter_gradients_match_finite_differences(kind):
 
     def bound(params, mean, lb):
         info, _, _, grads, _ = _core.cvi.fit_step(
-            codes, params, *lb._core_args(), X, y, mean, 0.0, np.zeros((L, N)), np.zeros((L, N)),
-            500, 1e-15, 16, 30, 0.0, True, False)
+            codes, params, *lb._core_args(), X, y, mean=mean, jitter=0.0, alpha=np.zeros((L, N)),
+            lambda_=np.zeros((L, N)), max_iter=500, tol=1e-15, block_size=16, max_newton=30,
+            skip_tol=0.0, with_grad=True, return_Pi=False)
         return info["bound"], grads
 
     _, (dk, dmean, dphi) = bound(params, mean, lb)
@@ -583,11 +602,12 @@ def test_predict_f_matches_the_dense_formula(rng):
     mean = np.array([0.1, -0.2, 0.3])
     jitter = 1e-3  # relative to the mean diagonal of K
     info, alpha, lam, _, Pi = _core.cvi.fit_step(
-        codes, params, *lb._core_args(), X, y, mean, jitter, np.zeros((3, 40)),
-        np.zeros((3, 40)), 200, 1e-12, 16, 30, 0.0, False, True)
+        codes, params, *lb._core_args(), X, y, mean=mean, jitter=jitter, alpha=np.zeros((3, 40)),
+        lambda_=np.zeros((3, 40)), max_iter=200, tol=1e-12, block_size=16, max_newton=30,
+        skip_tol=0.0, with_grad=False, return_Pi=True)
     Xs = rng.standard_normal((7, 2))
-    F = _core.cvi.predictive_factor(codes, params, X, jitter, lam)
-    mu, var = _core.cvi.predict_f(codes, params, X, mean, alpha, lam, F, Xs)
+    F = _core.cvi.predictive_factor(codes, params, X, jitter=jitter, lambda_=lam)
+    mu, var = _core.cvi.predict_f(codes, params, X, Xs, mean=mean, alpha=alpha, lambda_=lam, F=F)
     Ks, Kss = kernel(Xs, X), np.diag(kernel(Xs))
     K = kernel(X)
     K += jitter * np.mean(np.diag(K)) * np.eye(40)
@@ -613,8 +633,9 @@ def test_pi_keeps_its_digits_at_large_site_precisions(rng):
     lb = cvi.LocalBound("poisson")
     mean, jitter = np.array([np.log(1e7)]), 1e-6
     info, alpha, lam, _, Pi = _core.cvi.fit_step(
-        codes, params, *lb._core_args(), X, y, mean, jitter, np.zeros((1, 30)),
-        np.zeros((1, 30)), 200, 1e-12, 16, 30, 0.0, False, True)
+        codes, params, *lb._core_args(), X, y, mean=mean, jitter=jitter, alpha=np.zeros((1, 30)),
+        lambda_=np.zeros((1, 30)), max_iter=200, tol=1e-12, block_size=16, max_newton=30,
+        skip_tol=0.0, with_grad=False, return_Pi=True)
     assert lam.min() > 1e6
     K = kernel(X)
     K += jitter * np.mean(np.diag(K)) * np.eye(30)
@@ -628,36 +649,52 @@ def test_prior_covariance_is_k_plus_relative_jitter():
     X, _, kernel, _ = _problem("logit", N=25)
     codes, params = kernel._spec(2)
     K = kernel(X)
-    S = _core.cvi.prior_covariance(codes, params, X, 1e-3)
+    S = _core.cvi.prior_covariance(codes, params, X, jitter=1e-3)
     np.testing.assert_allclose(S, K + 1e-3 * np.mean(np.diag(K)) * np.eye(25), rtol=1e-14, atol=1e-15)
-    np.testing.assert_array_equal(_core.cvi.prior_covariance(codes, params, X, 0.0), K)
+    np.testing.assert_array_equal(_core.cvi.prior_covariance(codes, params, X, jitter=0.0), K)
     with pytest.raises(ValueError, match="jitter must be >= 0"):
-        _core.cvi.prior_covariance(codes, params, X, -1.0)
+        _core.cvi.prior_covariance(codes, params, X, jitter=-1.0)
     with pytest.raises(ValueError, match="at least one data point"):
-        _core.cvi.prior_covariance(codes, params, X[:0], 1e-6)
+        _core.cvi.prior_covariance(codes, params, X[:0], jitter=1e-6)
+
+
+
+def test_options_are_keyword_only():
+    """Past the kernel, the local bound and the data the core's arguments are keyword-only."""
+    X, y, kernel, lb = _problem("logit", N=10)
+    codes, params = kernel._spec(2)
+    Sigma = _core.cvi.prior_covariance(codes, params, X, jitter=1e-6)
+    zeros = np.zeros((1, 10))
+    with pytest.raises(TypeError):
+        _core.cvi.prior_covariance(codes, params, X, 1e-6)
+    with pytest.raises(TypeError):
+        _core.cvi.oa_objective(*lb._core_args(), y, Sigma, np.zeros(1), zeros, zeros)
+    value = _core.cvi.oa_objective(*lb._core_args(), y, Sigma, mean=np.zeros(1), alpha=zeros,
+                                   lambda_=zeros)[0]
+    assert np.isfinite(value)
 
 
 def test_errors_are_clear():
     X, y, kernel, lb = _problem("logit", N=10)
     Sigma = kernel(X)
     with pytest.raises(ValueError, match="outside the support"):
-        cvi.infer(Sigma, np.full(10, 2.0), lb)
+        _infer(Sigma, np.full(10, 2.0), lb)
     with pytest.raises(ValueError, match="class indices"):
-        cvi.infer(Sigma, np.full(10, 3.0), cvi.LocalBound("softmax", n_classes=3))
+        _infer(Sigma, np.full(10, 3.0), cvi.LocalBound("softmax", n_classes=3))
     with pytest.raises(ValueError, match="non-finite"):
         bad = Sigma.copy()
         bad[3, 2] = np.nan
-        cvi.infer(bad, y, lb)
-    with pytest.raises(ValueError, match=r"alpha must be \[1, 10\]"):
+        _infer(bad, y, lb)
+    with pytest.raises(ValueError, match=r"alpha must be \[10, 1\]"):  # ([N, L])
         cvi.infer(Sigma, y, lb, alpha=np.zeros(9))
     with pytest.raises(LinAlgError, match="positive-definite"):
-        cvi.infer(Sigma, y, lb, lambda_=np.full((1, 10), -1e3))
+        _infer(Sigma, y, lb, lambda_=np.full((1, 10), -1e3))
     with pytest.raises(ValueError, match="strictly increasing"):
         cvi.LocalBound("ordinal", n_classes=3, thresholds=[1.0, 0.0])
     with pytest.raises(ValueError, match="lambda >= 0"):
-        cvi.oa_objective(Sigma, y, lb, np.zeros((1, 10)), np.full((1, 10), -0.5))
+        _oa_objective(Sigma, y, lb, np.zeros((1, 10)), np.full((1, 10), -0.5))
     with pytest.raises(ValueError, match="method"):
-        cvi.infer(Sigma, y, lb, method="newton")
+        _infer(Sigma, y, lb, method="newton")
 
 
 def test_guards_keep_the_bound_monotone_where_plain_sweeps_would_lower_it():
@@ -670,13 +707,13 @@ def test_guards_keep_the_bound_monotone_where_plain_sweeps_would_lower_it():
     y = np.array([2.0, 1.0, 2.0, 2.0])
     lb = cvi.LocalBound("softmax", n_classes=3)
     Sigma = kernel(X)
-    r = cvi.infer(Sigma, y, lb, tol=1e-13, coupled_means=False)
+    r = _infer(Sigma, y, lb, tol=1e-13, coupled_means=False)
     assert r.converged and r.info["damped_sweeps"] > 0
     hist = r.history[:, 0]
     assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
-    oa = cvi.infer(Sigma, y, lb, method="opper-archambeau", tol=1e-15, max_iter=3000)
+    oa = _infer(Sigma, y, lb, method="opper-archambeau", tol=1e-15, max_iter=3000)
     assert oa.bound == pytest.approx(r.bound, rel=1e-8)
-    coupled = cvi.infer(Sigma, y, lb, tol=1e-13)
+    coupled = _infer(Sigma, y, lb, tol=1e-13)
     assert coupled.converged and coupled.bound == pytest.approx(r.bound, rel=1e-10)
 
 
@@ -703,8 +740,8 @@ def test_a_start_that_stalls_is_reported_not_converged():
     Sigma, y, alpha0, lam0 = _poisson_warm_start(265)
     lb = cvi.LocalBound("poisson")
     assert np.min(Sigma @ alpha0[0]) > 25.0
-    stalled = cvi.infer(Sigma, y, lb, alpha=alpha0, lambda_=lam0, tol=1e-12)
-    cold = cvi.infer(Sigma, y, lb, tol=1e-12)
+    stalled = _infer(Sigma, y, lb, alpha=alpha0, lambda_=lam0, tol=1e-12)
+    cold = _infer(Sigma, y, lb, tol=1e-12)
     assert cold.converged and cold.info["refused_solves"] == 0
     assert not stalled.converged
     assert stalled.bound < cold.bound
@@ -720,10 +757,10 @@ def test_poisson_from_lambda_zero_under_a_prior_whose_rates_overflow(variance):
     Sigma = RBF(variance=variance, lengthscale=1.0)(X) + 1e-6 * variance * np.eye(15)
     y = rng.integers(0, 3, 15).astype(float)
     lb = cvi.LocalBound("poisson")
-    r = cvi.infer(Sigma, y, lb, tol=1e-12)
+    r = _infer(Sigma, y, lb, tol=1e-12)
     assert r.converged and np.isfinite(r.bound)
-    assert cvi.oa_objective(Sigma, y, lb, r.alpha, r.lambda_)[0] == pytest.approx(r.bound, rel=1e-9)
-    oa = cvi.infer(Sigma, y, lb, method="opper-archambeau", alpha=r.alpha, lambda_=r.lambda_,
+    assert _oa_objective(Sigma, y, lb, r.alpha, r.lambda_)[0] == pytest.approx(r.bound, rel=1e-9)
+    oa = _infer(Sigma, y, lb, method="opper-archambeau", alpha=r.alpha, lambda_=r.lambda_,
                    tol=1e-15, max_iter=2000)
     assert oa.bound <= r.bound + 1e-9 * abs(r.bound)
 
@@ -736,14 +773,14 @@ def test_poisson_from_lambda_zero_under_a_prior_whose_rates_overflow(variance):
 def test_a_run_reported_converged_is_at_the_optimum_whatever_the_start(seed):
     Sigma, y, alpha0, lam0 = _poisson_warm_start(seed)
     lb = cvi.LocalBound("poisson")
-    cold = cvi.infer(Sigma, y, lb, tol=1e-12)
+    cold = _infer(Sigma, y, lb, tol=1e-12)
     assert cold.converged
     try:
-        warm = cvi.infer(Sigma, y, lb, alpha=alpha0, lambda_=lam0, tol=1e-12)
+        warm = _infer(Sigma, y, lb, alpha=alpha0, lambda_=lam0, tol=1e-12)
     except LinAlgError:  # (allowed too: the estimators restart from lambda = 0 after either)
         return
     if warm.converged:
-        at_result = cvi.oa_objective(Sigma, y, lb, warm.alpha, warm.lambda_)[0]
+        at_result = _oa_objective(Sigma, y, lb, warm.alpha, warm.lambda_)[0]
         assert warm.bound == pytest.approx(at_result, rel=1e-8)
         assert warm.bound == pytest.approx(cold.bound, rel=1e-8)
     else:
@@ -753,7 +790,7 @@ def test_a_run_reported_converged_is_at_the_optimum_whatever_the_start(seed):
 @pytest.mark.parametrize("variance", [4.0, 100.0])
 def test_multinomial_means_handed_to_the_sweep_still_reach_the_optimum(variance):
     # The multinomial bound's cheap Newton steps (clamped where lambda < p) hand over to the
-    # next sweep once they are cut or slow (cvi.cpp, update_means); large prior variance makes
+    # next sweep once they are cut or slow (means.cpp, update_means); large prior variance makes
     # the handovers frequent. The result is stationary (eqs. 7-8), monotone, and at the
     # optimum of a run to a much tighter tolerance and of the Opper-Archambeau parameterisation.
     rng = np.random.default_rng(7)
@@ -764,15 +801,15 @@ def test_multinomial_means_handed_to_the_sweep_still_reach_the_optimum(variance)
     y = np.array([rng.choice(C, p=p) for p in P], dtype=float)
     Sigma = RBF(variance=variance, lengthscale=1.0)(X) + 1e-6 * np.eye(N)
     lb = cvi.LocalBound("softmax", n_classes=C)
-    r = cvi.infer(Sigma, y, lb, tol=1e-9)
-    ref = cvi.infer(Sigma, y, lb, tol=1e-15, max_iter=5000)
+    r = _infer(Sigma, y, lb, tol=1e-9)
+    ref = _infer(Sigma, y, lb, tol=1e-15, max_iter=5000)
     assert r.converged
     assert r.bound == pytest.approx(ref.bound, rel=1e-8)
     hist = r.history[:, 0]
     assert np.all(np.diff(hist) >= -1e-12 * np.abs(hist[1:]))
     assert r.info["max_residual_alpha"] < 1e-4
     # Against the Opper-Archambeau parameterisation of the same bound.
-    oa = cvi.infer(Sigma, y, lb, method="opper-archambeau", alpha=r.alpha, lambda_=r.lambda_,
+    oa = _infer(Sigma, y, lb, method="opper-archambeau", alpha=r.alpha, lambda_=r.lambda_,
                    tol=1e-15, max_iter=2000)
     assert oa.bound == pytest.approx(r.bound, rel=1e-8)
 
@@ -781,7 +818,7 @@ def test_multinomial_iteration_with_handed_over_means_does_not_end_the_run():
     # Here the first outer iteration hands its Newton steps over to the next sweep with the
     # bound still 1.7e-2 (relative) short of the optimum, while the estimate of the next
     # sweep's gain is already below the target. Without the guard on handed-over means
-    # (cvi.cpp, means_done) the run ended there at tol = 1e-4, flagged as not converged
+    # (inference.cpp, means_done) the run ended there at tol = 1e-4, flagged as not converged
     # (found by a random search over 60 problems; the only one the guard changes).
     rng = np.random.default_rng(44)  # (the draws of the random search that found the case)
     N, C = int(rng.choice([60, 120, 200])), int(rng.choice([3, 4]))
@@ -792,8 +829,8 @@ def test_multinomial_iteration_with_handed_over_means_does_not_end_the_run():
     Sigma = RBF(variance=10.0, lengthscale=3.0)(X) + 1e-5 * np.eye(N)
     lb = cvi.LocalBound("softmax", n_classes=C)
     start = np.ones((C, N))
-    r = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-4)
-    ref = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-14, max_iter=2000)
+    r = _infer(Sigma, y, lb, lambda_=start, tol=1e-4)
+    ref = _infer(Sigma, y, lb, lambda_=start, tol=1e-14, max_iter=2000)
     assert r.converged and r.iterations >= 2
     assert r.bound == pytest.approx(ref.bound, rel=1e-5)
 
@@ -811,14 +848,14 @@ def test_multinomial_sites_are_solved_whatever_skip_tol():
     Sigma = RBF(variance=1e4, lengthscale=5.0)(X) + 1e-2 * np.eye(N)
     lb = cvi.LocalBound("softmax", n_classes=3)
     start = np.ones((3, N))
-    skipping = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-8, skip_tol=1e-4)
-    exact = cvi.infer(Sigma, y, lb, lambda_=start, tol=1e-8)
+    skipping = _infer(Sigma, y, lb, lambda_=start, tol=1e-8, skip_tol=1e-4)
+    exact = _infer(Sigma, y, lb, lambda_=start, tol=1e-8)
     assert skipping.converged and skipping.iterations < 40
     assert skipping.bound == exact.bound
     # The one-latent bounds keep the skip (it saves rank-one updates near the optimum).
     lb = cvi.LocalBound("logit")
-    skipping = cvi.infer(Sigma, (y > 0).astype(float), lb, tol=1e-8, skip_tol=1e-4)
-    exact = cvi.infer(Sigma, (y > 0).astype(float), lb, tol=1e-8)
+    skipping = _infer(Sigma, (y > 0).astype(float), lb, tol=1e-8, skip_tol=1e-4)
+    exact = _infer(Sigma, (y > 0).astype(float), lb, tol=1e-8)
     assert skipping.converged
     assert skipping.info["flops"] < exact.info["flops"]
 
@@ -846,7 +883,7 @@ def test_a_warm_start_reported_converged_carries_the_bound_at_its_result(
     Sigma = RBF(variance=variance, lengthscale=lengthscale)(X) + 1e-6 * variance * np.eye(N)
     lb = cvi.LocalBound(likelihood, n_classes=classes)
     L = lb.n_latent
-    warm = cvi.infer(Sigma, y, lb, lambda_=np.full((L, N), lambda0), tol=1e-10)
+    warm = _infer(Sigma, y, lb, lambda_=np.full((L, N), lambda0), tol=1e-10)
     if warm.converged:
-        at_result = cvi.oa_objective(Sigma, y, lb, warm.alpha, np.maximum(warm.lambda_, 0.0))[0]
+        at_result = _oa_objective(Sigma, y, lb, warm.alpha, np.maximum(warm.lambda_, 0.0))[0]
         assert warm.bound == pytest.approx(at_result, rel=1e-8)

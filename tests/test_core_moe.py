@@ -181,7 +181,9 @@ def test_optimiser_reaches_scipy_lbfgsb_optimum(rng, kind, with_prior, fit_mean)
     off, rows = one_block(len(y))
     fit = _core.moe.fit_blocks(codes, params0, X, y, off, rows, noise_variance=noise0, mean=mean0, fit_mean=fit_mean,
                                prior_loc=loc, prior_scale=scale, tol=1e-14, gtol=1e-8)
-    assert fit["status"][0] in (0, 1)
+    # (0, 1: a tolerance met; 3: the line search found no decrease, which at the optimum rounding
+    # can cause: OpenBLAS 0.3.21's rounding, the dependency floors, ended one run that way)
+    assert fit["status"][0] in (0, 1, 3)
     np.testing.assert_allclose(-fit["objective"][0], ref.fun, rtol=1e-6)
     assert -fit["objective"][0] <= ref.fun + 1e-6 * abs(ref.fun)
     np.testing.assert_allclose(np.log(fit["params"][0]), ref.x[:3], atol=1e-3)
@@ -339,10 +341,10 @@ def test_batched_fits_equal_per_block_fits_on_one_and_two_threads(rng, restore_t
     codes = spec("rbf", 2)
     kw = dict(likelihood=lik, noise_variance=0.1, max_iter=50)
     results = []
+    Xs = rng.standard_normal((11, 2))
     for threads in (1, 2):
         _core.threads.set_num_threads(threads)
         results.append(_core.moe.fit_blocks(codes, np.ones(3), X, y, off, rows, **kw))
-        Xs = rng.standard_normal((11, 2)) if threads == 1 else Xs
         fit = results[-1]
         extra = dict(noise_variance=fit["noise_variance"], mean=fit["mean"]) if lik == "gaussian" else dict(W=fit["W"])
         results[-1]["pred"] = _core.moe.predict_blocks(codes, fit["params"], X, off, rows, Xs, fit["alpha"],

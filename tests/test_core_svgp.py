@@ -41,9 +41,11 @@ def test_natural_outputs_match_finite_differences(rng, whiten):
     S = L @ L.T
     lik = likelihoods.Bernoulli("probit")
     codes, params = kernel._spec(D)
-    args = (codes, params, *lik._core_args(), Z, m, L, whiten, X, y, scale, jitter, True)
-    _, _, _, _, (d_m, d_S, d_Z, d_kern, _, _) = _core.svgp.elbo(*args, natural=True)
-    _, _, _, _, (_, _, d_Z_plain, d_kern_plain, _, _) = _core.svgp.elbo(*args)
+    args = (codes, params, *lik._core_args())
+    kw = dict(Z=Z, q_mu=m, q_sqrt=L, whiten=whiten, X=X, y=y, scale=scale, jitter=jitter,
+              with_grad=True)
+    _, _, _, _, (d_m, d_S, d_Z, d_kern, _, _) = _core.svgp.elbo(*args, **kw, natural=True)
+    _, _, _, _, (_, _, d_Z_plain, d_kern_plain, _, _) = _core.svgp.elbo(*args, **kw)
     np.testing.assert_array_equal(d_Z, d_Z_plain)
     np.testing.assert_array_equal(d_kern, d_kern_plain)
     np.testing.assert_array_equal(d_S, d_S.T)
@@ -77,7 +79,7 @@ def test_natural_outputs_gaussian_closed_form(rng):
     codes, params = kernel._spec(D)
     m, L = np.zeros(M), np.eye(M)
     _, _, _, _, (d_m, d_S, _, _, _, _) = _core.svgp.elbo(
-        codes, params, *lik._core_args(), Z, m, L, True, X, y, 2.0, 1e-6, True, natural=True
+        codes, params, *lik._core_args(), Z=Z, q_mu=m, q_sqrt=L, whiten=True, X=X, y=y, scale=2.0, jitter=1e-6, with_grad=True, natural=True
     )
     Lz = np.linalg.cholesky(jittered(kernel(Z), 1e-6))
     A = scipy.linalg.solve_triangular(Lz, kernel(Z, X), lower=True)
@@ -101,7 +103,7 @@ def path_problem(rng, M, B, D=2, lengthscale=1.2, whiten=True):
 def elbo_by_path(kernel, Z, m, L, whiten, X, y, path, natural=False, jitter=1e-6):
     lik = likelihoods.Bernoulli("probit")
     codes, params = kernel._spec(Z.shape[1])
-    return _core.svgp.elbo(codes, params, *lik._core_args(), Z, m, L, whiten, X, y, 3.0, jitter, True,
+    return _core.svgp.elbo(codes, params, *lik._core_args(), Z=Z, q_mu=m, q_sqrt=L, whiten=whiten, X=X, y=y, scale=3.0, jitter=jitter, with_grad=True,
                            natural=natural, path=path, return_path=True)
 
 

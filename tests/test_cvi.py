@@ -347,7 +347,7 @@ def test_poisson_real_targets(rng):
     kernel = RBF(variance=1.0, lengthscale=1.0)
     reg = VGPPoissonRegressor(kernel=kernel, optimize_hyperparameters=False).fit(X, y)
     codes, params = kernel._spec(1)
-    Sigma = pygpfast._core.cvi.prior_covariance(codes, params, X, reg.jitter)
+    Sigma = pygpfast._core.cvi.prior_covariance(codes, params, X, jitter=reg.jitter)
     Om = np.linalg.inv(Sigma)
     V = np.linalg.inv(Om + np.diag(reg.lambda_[:, 0]))
     d = Sigma @ reg.alpha_[:, 0]  # m - mean

@@ -1,6 +1,7 @@
 """VGPClassifier and VGPPoissonRegressor on adversarial but plausible inputs: large counts and
 prior variances, features in any units, tiny class probabilities, bad parameters."""
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -10,6 +11,23 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from pygpfast import LinAlgError, VGPClassifier, VGPPoissonRegressor, cvi
 from pygpfast.kernels import RBF, Linear
+
+
+def _T(x):
+    return None if x is None else np.asarray(x, dtype=float).T
+
+
+def _infer(Sigma, y, lb, *, alpha=None, lambda_=None, **kw):
+    """cvi.infer with its latent arrays latent-major [L, N], as this file's dense references
+    (tests/dense.py) take them; the API's are [N, L]."""
+    r = cvi.infer(Sigma, y, lb, alpha=_T(alpha), lambda_=_T(lambda_), **kw)
+    return dataclasses.replace(r, alpha=r.alpha.T, lambda_=r.lambda_.T)
+
+
+def _oa_objective(Sigma, y, lb, alpha, lambda_, **kw):
+    """cvi.oa_objective, latent-major as _infer."""
+    value, da, dl = cvi.oa_objective(Sigma, y, lb, _T(alpha), _T(lambda_), **kw)
+    return value, da.T, dl.T
 
 
 @pytest.mark.parametrize("seed", [0, 3])
@@ -43,8 +61,8 @@ def test_opper_archambeau_backs_off_from_overflowing_steps():
     # to the start and reported convergence there (bound -923 against the optimum's -402).
     _, y, K = _poisson_problem()
     lb = cvi.LocalBound("poisson")
-    best = cvi.infer(K, y, lb, lambda_=np.ones((1, len(y))), tol=1e-13)
-    oa = cvi.infer(K, y, lb, method="opper-archambeau", lambda_=np.ones((1, len(y))),
+    best = _infer(K, y, lb, lambda_=np.ones((1, len(y))), tol=1e-13)
+    oa = _infer(K, y, lb, method="opper-archambeau", lambda_=np.ones((1, len(y))),
                    max_iter=300, tol=1e-12)
     assert oa.info["overflowing_trials"] >= 1
     assert np.all(np.isfinite(oa.history[:, 0])) and np.all(np.diff(oa.history[:, 0]) >= 0)
@@ -55,7 +73,7 @@ def test_opper_archambeau_backs_off_from_overflowing_steps():
 def test_opper_archambeau_start_with_infinite_bound_is_a_clear_error():
     _, y, K = _poisson_problem(variance=1e4)
     with pytest.raises(ValueError, match="not finite at the starting point"):
-        cvi.infer(K, y, cvi.LocalBound("poisson"), method="opper-archambeau")
+        _infer(K, y, cvi.LocalBound("poisson"), method="opper-archambeau")
 
 
 @pytest.mark.parametrize("variance", [100.0, 1e3])
@@ -247,7 +265,7 @@ def test_overflowing_site_precisions_are_a_linalg_error(rng):
     y = rng.poisson(2.0, 30).astype(np.float64)
     K = RBF(variance=1e10)(X) + 1e-6 * np.eye(30)
     with pytest.raises(LinAlgError, match="overflowed"):
-        cvi.infer(K, y, cvi.LocalBound("poisson"), alpha=np.full((1, 30), 1e3),
+        _infer(K, y, cvi.LocalBound("poisson"), alpha=np.full((1, 30), 1e3),
                   lambda_=np.full((1, 30), 1e300))
 
 
@@ -262,8 +280,8 @@ def test_huge_counts_from_the_prior_start_reach_the_optimum(one_blas_thread):
     K = RBF(variance=1e3)(X) + 1e-3 * np.eye(20)
     y = np.full(20, 1e6)
     lb = cvi.LocalBound("poisson")
-    r = cvi.infer(K, y, lb, tol=1e-12)
-    ref = cvi.infer(K, y, lb, tol=1e-12, lambda_=np.ones((1, 20)))  # (the estimators' start)
+    r = _infer(K, y, lb, tol=1e-12)
+    ref = _infer(K, y, lb, tol=1e-12, lambda_=np.ones((1, 20)))  # (the estimators' start)
     assert r.converged and r.info["refused_solves"] == 0
     assert r.bound == pytest.approx(ref.bound, rel=1e-9)  # (lambda Sigma_ii ~ 1e9)
     np.testing.assert_allclose(K @ r.alpha[0], np.log(1e6), atol=1e-6)
@@ -276,10 +294,10 @@ def test_site_precisions_too_large_for_the_prior_are_named_as_the_cause():
     X = np.random.RandomState(0).randn(20, 2)
     K = RBF(variance=1e3)(X) + 1e-3 * np.eye(20)
     with pytest.raises(LinAlgError, match="site precisions are too large for this prior"):
-        cvi.infer(K, np.full(20, 3.0), cvi.LocalBound("poisson"), lambda_=np.full((1, 20), 1e16))
+        _infer(K, np.full(20, 3.0), cvi.LocalBound("poisson"), lambda_=np.full((1, 20), 1e16))
     # An indefinite Sigma with moderate site precisions is still blamed on the kernel.
     with pytest.raises(LinAlgError, match="kernel matrix is not numerically positive semi-def"):
-        cvi.infer(K - 5.0 * np.eye(20), (X[:, 0] > 0).astype(float), cvi.LocalBound("logit"))
+        _infer(K - 5.0 * np.eye(20), (X[:, 0] > 0).astype(float), cvi.LocalBound("logit"))
 
 
 @pytest.mark.parametrize("failure", ["one class", "callback"])
@@ -315,23 +333,23 @@ def test_building_block_arguments_are_checked(rng):
     with pytest.raises(ValueError, match="likelihood must be"):
         cvi.LocalBound(["logit"])
     with pytest.raises(ValueError, match="local_bound must be a LocalBound"):
-        cvi.oa_objective(K, y, "logit", zeros, zeros)
+        _oa_objective(K, y, "logit", zeros, zeros)
     with pytest.raises(ValueError, match="thresholds must have 2 entries"):
         cvi.LocalBound("ordinal", n_classes=3, thresholds=[[-1.0, 1.0]])
     with pytest.raises(ValueError, match="max_iter"):
-        cvi.infer(K, y, lb, max_iter=1.5)
+        _infer(K, y, lb, max_iter=1.5)
     with pytest.raises(ValueError, match="max_iter"):
-        cvi.infer(K, y, lb, method="opper-archambeau", max_iter=-1)
+        _infer(K, y, lb, method="opper-archambeau", max_iter=-1)
     with pytest.raises(ValueError, match="alpha contains NaN"):
-        cvi.infer(K, y, lb, method="opper-archambeau", alpha=np.full((1, 20), np.nan))
+        _infer(K, y, lb, method="opper-archambeau", alpha=np.full((1, 20), np.nan))
     asymmetric = K.copy()
     asymmetric[0, 5] += 0.1
     with pytest.raises(ValueError, match="symmetric"):
-        cvi.infer(asymmetric, y, lb)
+        _infer(asymmetric, y, lb)
     # Asymmetry within rounding (K from a product, say) is averaged out, not refused.
     rounded = K.copy()
     rounded[0, 5] *= 1 + 1e-15
-    assert cvi.infer(rounded, y, lb).bound == pytest.approx(cvi.infer(K, y, lb).bound, rel=1e-12)
+    assert _infer(rounded, y, lb).bound == pytest.approx(_infer(K, y, lb).bound, rel=1e-12)
 
 
 @pytest.mark.parametrize("variance", [1e-8, 1e-4])

@@ -168,9 +168,12 @@ def test_the_thread_count_changes_nothing(case, restore_threads):
         pygpfast.set_num_threads(n)
         est, X, _ = _fit(make, task)
         fits.append((est.objective_, _outputs(est, X)))
-    assert fits[0][0] == pytest.approx(fits[1][0], rel=1e-10)
+    # Beyond rounding: a BLAS that cannot be held to one thread (OpenBLAS before 0.3.27, the
+    # dependency floors' scipy 1.11) rounds differently on two, and a search of tens of
+    # iterations carries that to ~1e-10 in the objective and ~1e-7 in the predictions.
+    assert fits[0][0] == pytest.approx(fits[1][0], rel=1e-8)
     for u, v in zip(fits[0][1][1:], fits[1][1][1:]):
-        np.testing.assert_allclose(u, v, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-9)
 
 
 def test_a_callback_that_returns_true_stops_the_fit(case):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from sklearn.exceptions import ConvergenceWarning
 
-import pygpfast._base._start
+import pygpfast._base._start  # noqa: F401  (monkeypatched through pygpfast._base._start)
 from pygpfast._base import _diagnose
 from pygpfast import (SVGPClassifier, SVGPRegressor, VGPClassifier, VGPPoissonRegressor,
-                      kernels, likelihoods)
+                      kernels)
 from pygpfast.kernels import RBF, Constant, White
 
 N = 150

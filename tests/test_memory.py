@@ -11,7 +11,7 @@ import pytest
 import pygpfast._base._start
 import pygpfast
 from pygpfast import (SVGPClassifier, SVGPRegressor, VGPClassifier, VGPPoissonRegressor,
-                      _core, cvi, svgp)
+                      _core, svgp)
 from pygpfast._base import _memory
 from pygpfast.kernels import RBF, Matern32
 

@@ -14,8 +14,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 import pygpfast.cvi
 import pygpfast.svgp
-from pygpfast import (SVGPClassifier, SVGPRegressor, VGPClassifier, VGPPoissonRegressor,
-                      likelihoods)
+from pygpfast import SVGPClassifier, SVGPRegressor, VGPClassifier, VGPPoissonRegressor
 from pygpfast.exceptions import HeldWarnings, warn_at_caller
 from pygpfast.kernels import RBF, Linear
 from test_far_lengthscales import _data

@@ -1,5 +1,5 @@
 """scikit-learn's own estimator checks on SVGPClassifier and SVGPRegressor (Gaussian and Poisson
-likelihoods), with settings small enough for the test suite (few inducing points, few
+likelihoods) and on ISMOERegressor and ISMOEClassifier (binary only, in its tags), with settings small enough for the test suite (few inducing points, few
 iterations). The binary-only classifiers (a Bernoulli likelihood, the mean-field method) say so
 in their tags, and the mean-field one, which is full-batch, has no partial_fit. The Poisson
 regressor declares positive-only targets, so the checks give it y > 0 (real values, which it
@@ -8,7 +8,7 @@ takes as scikit-learn's Poisson models do)."""
 import pytest
 from sklearn.utils import get_tags
 
-from pygpfast import ISMOEClassifier, ISMOERegressor, SVGPClassifier, SVGPRegressor, likelihoods
+from pygpfast import ISMOEClassifier, ISMOERegressor, SVGPClassifier, SVGPRegressor
 from sklearn_checks import parametrize_with_checks
 
 SMALL = {"n_inducing": 8, "max_iter": 30}

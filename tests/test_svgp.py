@@ -126,8 +126,8 @@ def test_constant_prior_mean(rng, name, whiten):
               g["prior_mean"])
     codes, params = kernel._spec(2)
     for path in ("solve", "precomputed"):
-        *_, grads, used = _core.svgp.elbo(codes, params, *model.likelihood._core_args(), Z, q_mu, q_sqrt,
-                                         whiten, X, y, 2.5, 1e-6, True, path=path, return_path=True,
+        *_, grads, used = _core.svgp.elbo(codes, params, *model.likelihood._core_args(), Z=Z, q_mu=q_mu, q_sqrt=q_sqrt,
+                                         whiten=whiten, X=X, y=y, scale=2.5, jitter=1e-6, with_grad=True, path=path, return_path=True,
                                          prior_mean=model.prior_mean)
         assert used == path
         np.testing.assert_allclose(grads[5], g["prior_mean"], rtol=1e-9)
@@ -137,8 +137,8 @@ def test_constant_prior_mean(rng, name, whiten):
     np.testing.assert_allclose(mean, mean0 + 0.7, rtol=1e-13)
     np.testing.assert_array_equal(var, var0)
     with pytest.raises(ValueError, match="prior_mean"):
-        _core.svgp.elbo(codes, params, *model.likelihood._core_args(), Z, q_mu, q_sqrt, whiten, X, y,
-                        1.0, 1e-6, False, prior_mean=np.array([np.nan]))
+        _core.svgp.elbo(codes, params, *model.likelihood._core_args(), Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, whiten=whiten, X=X, y=y,
+                        scale=1.0, jitter=1e-6, with_grad=False, prior_mean=np.array([np.nan]))
 
 
 @pytest.mark.parametrize("whiten", [True, False])

@@ -45,8 +45,8 @@ def ref_marginals(kernel, Z, q_mu, q_sqrt, whiten, X, jitter):
 def core_elbo(kernel, lik, Z, q_mu, q_sqrt, whiten, X, y, scale, jitter=1e-6, with_grad=True):
     codes, params = kernel._spec(Z.shape[1])
     kind, variance, n_gh, n_classes = lik._core_args()
-    return _core.svgp.elbo(codes, params, kind, variance, n_gh, n_classes, Z, q_mu, q_sqrt, whiten, X,
-                           y, scale, jitter, with_grad)
+    return _core.svgp.elbo(codes, params, kind, variance, n_gh, n_classes, Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, whiten=whiten, X=X,
+                           y=y, scale=scale, jitter=jitter, with_grad=with_grad)
 
 
 @pytest.mark.parametrize("whiten", [True, False])
@@ -96,8 +96,8 @@ def test_multi_latent_gradients_match_finite_differences(rng, whiten):
         for sign in (1, -1):
             pp = params.copy()
             pp[p] += sign * eps
-            vals.append(_core.svgp.elbo(codes, pp, kind, variance, n_gh, n_classes, Z, q_mu, q_sqrt, whiten,
-                                        X, y, 3.0, 1e-6, False)[0])
+            vals.append(_core.svgp.elbo(codes, pp, kind, variance, n_gh, n_classes, Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, whiten=whiten,
+                                        X=X, y=y, scale=3.0, jitter=1e-6, with_grad=False)[0])
         np.testing.assert_allclose(d_kern[p], (vals[0] - vals[1]) / (2 * eps), rtol=2e-5, atol=2e-6)
 
 
@@ -110,15 +110,15 @@ def test_multi_latent_prior_mean(rng):
     prior_mean = np.array([0.5, -1.0, 2.0])
 
     def elbo(pm, with_grad=False):
-        return _core.svgp.elbo(codes, params, *lik._core_args(), Z, q_mu, q_sqrt, True, X, y, 3.0, 1e-6,
-                               with_grad, prior_mean=pm)
+        return _core.svgp.elbo(codes, params, *lik._core_args(), Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, whiten=True, X=X, y=y, scale=3.0, jitter=1e-6,
+                               with_grad=with_grad, prior_mean=pm)
 
     d_mean = elbo(prior_mean, with_grad=True)[4][5]
     eps = 1e-6
     fd = [(elbo(prior_mean + eps * e)[0] - elbo(prior_mean - eps * e)[0]) / (2 * eps) for e in np.eye(C)]
     np.testing.assert_allclose(d_mean, fd, rtol=2e-6, atol=1e-7)
-    mean, var, _ = _core.svgp.predict_f(codes, params, Z, q_mu, q_sqrt, True, X, 1e-6, prior_mean=prior_mean)
-    mean0, var0, _ = _core.svgp.predict_f(codes, params, Z, q_mu, q_sqrt, True, X, 1e-6)
+    mean, var, _ = _core.svgp.predict_f(codes, params, Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, whiten=True, Xnew=X, jitter=1e-6, prior_mean=prior_mean)
+    mean0, var0, _ = _core.svgp.predict_f(codes, params, Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, whiten=True, Xnew=X, jitter=1e-6)
     np.testing.assert_allclose(mean, mean0 + prior_mean, rtol=1e-13, atol=1e-15)
     np.testing.assert_array_equal(var, var0)
 
@@ -140,7 +140,7 @@ def test_single_latent_shapes_equal_one_column(rng):
 def test_multi_latent_predict_f(rng, whiten):
     X, _, Z, kernel, q_mu, q_sqrt = make_problem(rng)
     codes, params = kernel._spec(Z.shape[1])
-    mean, var, _ = _core.svgp.predict_f(codes, params, Z, q_mu, q_sqrt, whiten, X, 1e-6)
+    mean, var, _ = _core.svgp.predict_f(codes, params, Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, whiten=whiten, Xnew=X, jitter=1e-6)
     assert mean.shape == var.shape == (X.shape[0], C)
     mean_ref, var_ref, _ = ref_marginals(kernel, Z, q_mu, q_sqrt, whiten, X, 1e-6)
     np.testing.assert_allclose(mean, mean_ref, rtol=1e-10, atol=1e-12)

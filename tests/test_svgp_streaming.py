@@ -12,7 +12,6 @@ import pytest
 from sklearn.datasets import make_moons
 from sklearn.exceptions import ConvergenceWarning
 
-from pygpfast import likelihoods
 from pygpfast._base import _streaming
 from pygpfast.svgp import SVGPClassifier, SVGPRegressor
 

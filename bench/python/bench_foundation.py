@@ -189,8 +189,8 @@ def main():
         print()
         print(common.table(run["expectations"], ["likelihood", "N", "pygpfast ms", "numpy ms",
                                                  "speedup", "Mpoints/s"]))
-    name = "foundation" + ("_load" if args.load else "") + ("_quick" if args.quick else "")
-    print("\nwrote", common.write_json(name, out))
+    variant = "-".join(v for v, on in (("load", args.load), ("quick", args.quick)) if on)
+    print("\nwrote", common.write_json(out, variant, threads=max(int(t) for t in args.threads.split(","))))
     pygpfast.set_num_threads(None)
     return 0
 

@@ -113,8 +113,8 @@ def main():
     print(f"\nCPU {ctx['cpu']}, {ctx['cores']} cores, load avg {ctx['loadavg']}\n")
     print(common.table(rows, ["bound", "N", "threads", "pygpfast ms", "numpy ms", "speedup",
                               "pygpfast min ms", "numpy min ms", "Mpoints/s", "max rel diff"]))
-    name = "piecewise" + ("_load" if args.load else "")
-    print("\nwrote", common.write_json(name, {"runs": runs}))
+    print("\nwrote", common.write_json({"runs": runs}, "load" if args.load else None,
+                                            threads=max(int(t) for t in args.threads.split(","))))
     pygpfast.set_num_threads(None)
     return 0
 

@@ -71,7 +71,7 @@ def fit(X, y, C, M, max_iter, n_gh):
         q_mu, q_sqrt = unpack(x)
         codes, params = kernel._spec(X.shape[1])
         value, _, _, _, (d_mu, d_sqrt, _, d_kern, _, _) = _core.svgp.elbo(
-            codes, params, *lik._core_args(), Z, q_mu, q_sqrt, True, X, y, 1.0, 1e-6, True)
+            codes, params, *lik._core_args(), Z=Z, q_mu=q_mu, q_sqrt=q_sqrt, whiten=True, X=X, y=y, scale=1.0, jitter=1e-6, with_grad=True)
         g = np.concatenate([d_mu.ravel(), d_sqrt[:, tril[0], tril[1]].ravel(), d_kern * params])
         return -value, -g
 
@@ -86,8 +86,8 @@ def fit(X, y, C, M, max_iter, n_gh):
 
 def marginals(model, X):
     codes, params = model["kernel"]._spec(X.shape[1])
-    mean, var, _ = _core.svgp.predict_f(codes, params, model["Z"], model["q_mu"], model["q_sqrt"],
-                                        True, np.ascontiguousarray(X), 1e-6)
+    mean, var, _ = _core.svgp.predict_f(codes, params, Z=model["Z"], q_mu=model["q_mu"], q_sqrt=model["q_sqrt"],
+                                        whiten=True, Xnew=np.ascontiguousarray(X), jitter=1e-6)
     return mean, var
 
 
@@ -246,9 +246,7 @@ def main():
     print("|---" * (len(keys) + 2) + "|")
     for r in results["rows"]:
         print(f"| {r['set']} | {r['method']} | " + " | ".join(f"{r[k]:.2g}" for k in keys) + " |")
-    common.RESULTS.mkdir(exist_ok=True)
-    out = common.RESULTS / f"softmax_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    out.write_text(json.dumps(results, indent=1))
+    out = common.write_json(results, args.data.replace(",", "-") if args.data != "glass,usps" else None)
     print("wrote", out)
 
 

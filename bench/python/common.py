@@ -1,21 +1,38 @@
-"""Shared benchmark utilities: machine context, timing, background load, JSON output."""
+"""Shared benchmark utilities: machine context, timing, background load, JSON output.
+
+Every script that produces a table writes it with ``write_json(payload, variant)`` to
+``bench/results/<script-name>[-<variant>].json`` (tracked by git), with ``context``: CPU, cores,
+threads, BLAS (threadpoolctl), versions, git commit, date and the load average at start and end."""
 
 import contextlib
 import json
 import multiprocessing as mp
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
+# PYGPFAST_BENCH_RESULTS: another folder, for smoke runs that must not replace the committed JSON.
+RESULTS = Path(os.environ.get("PYGPFAST_BENCH_RESULTS") or Path(__file__).resolve().parents[1] / "results")
+REPO = Path(__file__).resolve().parents[2]
+
+# When the script started (common is imported first thing) and the load then.
+_STARTED = time.strftime("%Y-%m-%d %H:%M:%S")
+_LOADAVG_START = os.getloadavg()
 
 
 def data_dir():
-    """The shared data folder, ``../shared/data`` from the repository root, or exit."""
-    path = Path(__file__).resolve().parents[3] / "shared" / "data"
+    """The shared data folder: ``$PYGPFAST_SHARED_DATA``, else ``shared/data`` beside the
+    repository root or beside one of its parents (a git worktree under another folder), or exit."""
+    if os.environ.get("PYGPFAST_SHARED_DATA"):
+        path = Path(os.environ["PYGPFAST_SHARED_DATA"])
+    else:
+        candidates = [p / "shared" / "data" for p in REPO.parents]
+        path = next((p for p in candidates if p.is_dir()), candidates[0])
     if not path.is_dir():
         raise SystemExit(f"data not found: {path} (the benchmarks need shared/data)")
     return path
@@ -41,13 +58,38 @@ def blas_info():
     ]
 
 
+def git_commit():
+    """The repository's HEAD commit and the tracked files with uncommitted changes."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                                  timeout=10).stdout.rstrip("\n")
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD") or "unknown",
+            "modified": [line[3:] for line in status.splitlines()]}
+
+
+_GIT_START = git_commit()  # the code that runs is the one at the start
+
+
 def context(threads):
-    """What a result depends on: CPU, cores, threads, BLAS, versions, load."""
+    """What a result depends on: CPU, cores, threads, BLAS, versions, commit, date, load.
+
+    ``loadavg_start`` is the load when the script started, ``loadavg`` the load now;
+    ``write_json`` adds ``loadavg_end``."""
     import scipy
 
     import pygpfast
 
     return {
+        "script": "bench/python/" + Path(sys.argv[0]).name,
+        "argv": sys.argv[1:],
+        "git": _GIT_START,
+        "started": _STARTED,
+        "loadavg_start": _LOADAVG_START,
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "threads": threads,
@@ -130,11 +172,36 @@ def run_peers_script(peers_dir, peers_python, script, args):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def write_json(name, payload):
+def result_path(variant=None):
+    """``bench/results/<script-name>[-<variant>].json``: one stable name per script and variant,
+    overwritten by a re-run."""
+    return RESULTS / (Path(sys.argv[0]).stem + (f"-{variant}" if variant else "") + ".json")
+
+
+def write_json(payload, variant=None, threads=None):
+    """Write ``payload`` to ``result_path(variant)`` with the machine context under ``"context"``
+    (``context(threads)`` if the payload has none), completed by the load and time at the end."""
+    import pygpfast
+
+    ctx = payload.get("context")
+    if ctx is None:
+        ctx = context(pygpfast.get_num_threads() if threads is None else threads)
+    ctx = dict(ctx, loadavg_end=os.getloadavg(), finished=time.strftime("%Y-%m-%d %H:%M:%S"))
+    payload = {"context": ctx, **{k: v for k, v in payload.items() if k != "context"}}
+    path = result_path(variant)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=1))
+    path.write_text(json.dumps(payload, indent=1, default=_jsonable))
     return path
+
+
+def _jsonable(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, Path):
+        return str(v)
+    raise TypeError(f"not JSON serialisable: {type(v).__name__}")
 
 
 def table(rows, columns):

@@ -1,7 +1,7 @@
 """Seed 004's Figure 1 and flops table, re-run: Algorithm 1 against Opper-Archambeau.
 
 For UCI ionosphere (binary, Bernoulli-logit with the 20-piece quadratic bound) and UCI glass
-(6 classes, stick-breaking as in the seed's Figure 1(b); ``--glass-likelihood multinomial`` for
+(6 classes, stick-breaking as in the seed's Figure 1(b); ``--glass-likelihood softmax`` for
 the log-sum-exp bound), 80/20 split (fixed permutation, features z-scored on the training part),
 kernel sigma^2 exp(-|x - x'|^2 / (2 s)) at {log s, log sigma} in {-1, 1, 3}^2, both methods
 maximise the same bound for fixed hyperparameters from the same start (alpha = lambda = 0):
@@ -23,9 +23,9 @@ objective function is below 1e-3"; the table also gives the flops to reach the f
 1e-6 (relative), which does not reward an optimiser for stalling.
 
 Usage: python bench/python/cvi_figure1.py [--data ionosphere,glass] [--oa-max-iter 5000]
-       [--threads 1] [--glass-likelihood stick-breaking|multinomial] [--replot]
-Writes bench/results/cvi_figure1_<data>.json and bench/figures/cvi_figure1_<data>.png (<data>:
-ionosphere, glass, or glass_multinomial).
+       [--threads 1] [--glass-likelihood stick-breaking|softmax] [--replot]
+Writes bench/results/cvi_figure1-<data>.json and bench/figures/cvi_figure1_<data>.png (<data>:
+ionosphere, glass, or glass_softmax).
 """
 
 import argparse
@@ -165,12 +165,12 @@ def main():
     ap.add_argument("--glass-likelihood", default="stick-breaking",
                     choices=["stick-breaking", "softmax"])
     ap.add_argument("--replot", action="store_true",
-                    help="redraw the PNGs from bench/results/cvi_figure1.json")
+                    help="redraw the PNGs from bench/results/cvi_figure1-*.json")
     args = ap.parse_args()
     if args.replot:
         import json
 
-        for path in sorted(common.RESULTS.glob("cvi_figure1_*.json")):
+        for path in sorted(common.RESULTS.glob("cvi_figure1-*.json")):
             res = json.loads(path.read_text())
             plot(res["label"], res["rows"], FIGURES / Path(res["png"]).name)
         return
@@ -202,7 +202,7 @@ def main():
             print(table(label, rows))
             out = {"context": common.context(args.threads), "label": label, "rows": rows,
                    "png": str(png)}
-            print("wrote", common.write_json(f"cvi_figure1_{tag}", out))
+            print("wrote", common.write_json(out, tag))
 
 
 def table(label, rows):

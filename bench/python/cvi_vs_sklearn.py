@@ -151,7 +151,7 @@ def main():
             "s_per_eval", "capped", "load_before", "load_after"]
     print(f"\nthreads={args.threads}\n")
     print(common.table(rows, cols))
-    print("wrote", common.write_json("cvi_vs_sklearn", out))
+    print("wrote", common.write_json(out))
 
 
 if __name__ == "__main__":

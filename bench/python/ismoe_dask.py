@@ -141,7 +141,7 @@ def main():
     print(f"\nProjection: {t_sample:.3f} s per sample on one core, {overhead:.2f} s fixed "
           "(cluster round trips, scatter); tasks of 4 samples in waves over W workers")
     print(common.table(proj, list(proj[0])))
-    svgp_common.finish("ismoe_dask", ctx, out)
+    svgp_common.finish(None, ctx, out)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def main():
         higgs(args, out)
     if "grid" not in skip:
         grid(args, out)
-    svgp_common.finish("ismoe_scale" + ("_full" if args.full else ""), ctx, out)
+    svgp_common.finish("full" if args.full else None, ctx, out)
 
 
 if __name__ == "__main__":

@@ -174,22 +174,8 @@ def table4(args, out):
     print(common.table(rows, list(rows[0])))
 
 
-def shared_data():
-    """shared/data: common.data_dir(), or from a git worktree (/work/wt/<name>) its
-    nearest parent folder that has shared/data."""
-    try:
-        return common.data_dir()
-    except SystemExit:
-        from pathlib import Path
-
-        for parent in Path(__file__).resolve().parents:
-            if (parent / "shared" / "data").is_dir():
-                return parent / "shared" / "data"
-        raise
-
-
 def table6(args, out):
-    data = shared_data()
+    data = common.data_dir()
     rows = []
     for name, file in (("pima", "uci_pima.npz"), ("wdbc", "uci_wdbc.npz")):
         d = np.load(data / file)
@@ -233,7 +219,7 @@ def main():
             t0 = time.perf_counter()
             fn(args, out)
             print(f"(table {number}: {time.perf_counter() - t0:.1f} s)")
-    svgp_common.finish("ismoe_table2" + ("_full" if args.full else ""), ctx, out)
+    svgp_common.finish("full" if args.full else None, ctx, out)
 
 
 if __name__ == "__main__":

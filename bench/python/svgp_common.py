@@ -72,10 +72,9 @@ def start(threads):
     return common.context(threads)
 
 
-def finish(name, ctx, payload):
-    """Add the load at the end to the context and write ``bench/results/<name>.json``."""
-    ctx = dict(ctx, loadavg_end=os.getloadavg(), time_end=time.strftime("%Y-%m-%d %H:%M:%S"))
-    path = common.write_json(name, {"context": ctx, **payload})
+def finish(variant, ctx, payload):
+    """Write ``bench/results/<script>[-<variant>].json`` (``common.write_json``)."""
+    path = common.write_json({"context": ctx, **payload}, variant)
     print(f"wrote {path}")
     return path
 

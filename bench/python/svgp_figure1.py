@@ -77,8 +77,9 @@ def main():
     scored = "the training set" if args.all else f"{len(te)} held-out points"
     fig.suptitle(f"banana, {len(tr)} training points ({source}); scores on {scored}", fontsize=10)
     name = "svgp_figure1" + ("_all" if args.all else "") + ("_quick" if args.quick else "")
+    variant = "-".join(v for v, on in (("all", args.all), ("quick", args.quick)) if on)
     svgp_common.save_figure(fig, name, args.quick)
-    svgp_common.finish(name, ctx, {"settings": vars(args), "n_train": len(tr), "n_test": len(te),
+    svgp_common.finish(variant, ctx, {"settings": vars(args), "n_train": len(tr), "n_test": len(te),
                                    "splits": how, "runs": runs})
 
 

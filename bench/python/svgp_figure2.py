@@ -127,7 +127,7 @@ def main():
     tr, te = splits[0]
     runs = [run(method, M, (X[tr], y[tr], X[te], y[te]), args) for M in Ms for method in METHODS]
     plot(runs, Ms, args.quick)
-    svgp_common.finish("svgp_figure2_quick" if args.quick else "svgp_figure2", ctx,
+    svgp_common.finish("quick" if args.quick else None, ctx,
                        {"settings": vars(args), "splits": how, "runs": runs})
 
 

@@ -124,6 +124,7 @@ def main():
     ap.add_argument("--peers-python", default=None)
     args = ap.parse_args()
     pygpfast.set_num_threads(args.threads)
+    ctx = common.context(args.threads)
     budgets = [float(b) for b in args.budgets.split(",")]
     data = make_data()
     print(f"Bayes-optimal test NLPD {data[5]:.4f}; loadavg {os.getloadavg()}", file=sys.stderr)
@@ -159,8 +160,9 @@ def main():
                                     "nlpd": s["nlpd_median"], "load": "-"})
     print(common.table(results, ["config", "repeat", "optimizer", "budget_s", "train_s", "steps", "steps_per_s",
                                  "acc", "nlpd", "load"]))
-    common.write_json("svgp_fit", {"context": common.context(args.threads), "budgets": budgets,
-                                   "bayes_nlpd": data[5], "results": results, "epochs": epochs, "peers": peers})
+    variant = f"t{args.threads}" + ("-peers" if peers else "")
+    print("wrote", common.write_json({"context": ctx, "budgets": budgets, "bayes_nlpd": data[5], "results": results,
+                                      "epochs": epochs, "peers": peers}, variant))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ def main():
     ap.add_argument("--max-iter", type=int, default=1000)
     args = ap.parse_args()
     pygpfast.set_num_threads(args.threads)
+    ctx = common.context(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "X.npy")
         y = write_data(path, args.n + 10_000)
@@ -81,7 +82,7 @@ def main():
     }
     print(common.table([row], [k for k in row if k != "lengthscales"]))
     print("lengthscales", row["lengthscales"], file=sys.stderr)
-    common.write_json("svgp_scale", {"context": common.context(args.threads), "result": row})
+    common.write_json({"context": ctx, "result": row}, f"n{args.n}-maxiter{args.max_iter}")
 
 
 if __name__ == "__main__":

@@ -59,8 +59,8 @@ def own_gflop(M, B, path):
 
 def path_used(model, X, y, scale):
     codes, params = model.kernel._spec(D)
-    return _core.svgp.elbo(codes, params, *model.likelihood._core_args(), model.Z, model.q_mu, model.q_sqrt,
-                           model.whiten, X, y, scale, model.jitter, True, return_path=True)[5]
+    return _core.svgp.elbo(codes, params, *model.likelihood._core_args(), Z=model.Z, q_mu=model.q_mu, q_sqrt=model.q_sqrt,
+                           whiten=model.whiten, X=X, y=y, scale=scale, jitter=model.jitter, with_grad=True, return_path=True)[5]
 
 
 def bench_pygpfast(grid, whiten, load):
@@ -144,8 +144,9 @@ def main():
           f"load={'1 busy core' if args.load else 'none'}; CPU {ctx['cpu']}; BLAS {blas}; "
           f"GEMM {gemm:.1f} GFLOP/s")
     print(common.table(table_rows, cols))
-    name = f"svgp_step_t{args.threads}" + ("_u" if not whiten else "") + ("_load" if args.load else "")
-    print("wrote", common.write_json(name, {"context": ctx, "rows": rows, "peers": peers, "table": table_rows}))
+    variant = f"t{args.threads}" + ("-unwhitened" if not whiten else "") + ("-load" if args.load else "") \
+        + ("-peers" if peers else "") + ("-grid" if args.grid else "")
+    print("wrote", common.write_json({"context": ctx, "rows": rows, "peers": peers, "table": table_rows}, variant))
     return 0
 
 

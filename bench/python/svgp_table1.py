@@ -136,7 +136,7 @@ def main():
           f"* = a split with a test point at -log p > {CONFIDENT_ERROR_NLP:g}\n")
     print(txt)
     flags = [flag for flag in ("folds", "isotropic", "quick") if getattr(args, flag)]
-    name = "_".join(["svgp_table1", *flags])
+    name = "-".join(flags)
     svgp_common.finish(name, ctx, {
         "settings": vars(args), "total_s": time.perf_counter() - t0, "cells": cells, "table": txt})
 

@@ -72,7 +72,9 @@ def main():
     txt = common.table(rows, cols)
     print(f"\nUSPS (paper, odd-vs-even MNIST: acc {PAPER_MNIST['acc']}, NLPD {PAPER_MNIST['nlp']})\n")
     print(txt)
-    name = "svgp_usps" + ("_lbfgs" if args.optimizer == "lbfgs" else "") + ("_quick" if args.quick else "")
+    name = "-".join(v for v, on in (("lbfgs", args.optimizer == "lbfgs"), (args.tasks, args.tasks != "binary,10class"),
+                                    (f"maxiter{args.max_iter}", args.max_iter != 10000 and not args.quick),
+                                    (f"t{args.threads}", args.threads != 1), ("quick", args.quick)) if on) or None
     svgp_common.finish(name, ctx,
                        {"settings": vars(args), "paper_mnist": PAPER_MNIST, "rows": rows, "table": txt})
 

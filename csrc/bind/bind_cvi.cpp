@@ -79,6 +79,9 @@ py::array_t<double> copy_of(const double* p, index_t rows, index_t cols) {
 
 }  // namespace
 
+// The entry points take the kernel (codes, params), the local bound (kind ... thresholds, as
+// pygpfast.cvi.LocalBound._core_args() lists them) and the data (X or Sigma, y) by position, and
+// everything else by keyword only.
 void bind_cvi(py::module_& m) {
   m.def(
       "local_bounds",
@@ -103,7 +106,7 @@ void bind_cvi(py::module_& m) {
         }
         return py::make_tuple(value, dm, dv, d2m, dphi);
       },
-      PYGPFAST_LOCAL_BOUND_ARGS, py::arg("y"), py::arg("m"), py::arg("v"),
+      PYGPFAST_LOCAL_BOUND_ARGS, py::arg("y"), py::kw_only(), py::arg("m"), py::arg("v"),
       "Local variational bounds f_b(y_n, m_n, v_n) per point, m and v [L, N] latent-major. "
       "Returns (value [N], dm [L, N], dv [L, N], d2m [L, N], dthresholds [K-1]).");
 
@@ -132,7 +135,7 @@ void bind_cvi(py::module_& m) {
         }
         return py::make_tuple(result_dict(r), al, la, return_V ? py::object(V) : py::none());
       },
-      PYGPFAST_LOCAL_BOUND_ARGS, py::arg("y"), py::arg("Sigma"), py::arg("mean"),
+      PYGPFAST_LOCAL_BOUND_ARGS, py::arg("y"), py::arg("Sigma"), py::kw_only(), py::arg("mean"),
       py::arg("alpha"), py::arg("lambda_"), py::arg("max_iter"), py::arg("tol"),
       py::arg("block_size"), py::arg("max_newton"), py::arg("skip_tol"), py::arg("coupled_means"),
       py::arg("return_V"),
@@ -177,9 +180,9 @@ void bind_cvi(py::module_& m) {
                               return_Pi ? py::object(Pi) : py::none());
       },
       py::arg("codes"), py::arg("params"), PYGPFAST_LOCAL_BOUND_ARGS, py::arg("X"), py::arg("y"),
-      py::arg("mean"), py::arg("jitter"), py::arg("alpha"), py::arg("lambda_"), py::arg("max_iter"), py::arg("tol"),
-      py::arg("block_size"), py::arg("max_newton"), py::arg("skip_tol"), py::arg("with_grad"),
-      py::arg("return_Pi"),
+      py::kw_only(), py::arg("mean"), py::arg("jitter"), py::arg("alpha"), py::arg("lambda_"),
+      py::arg("max_iter"), py::arg("tol"), py::arg("block_size"), py::arg("max_newton"),
+      py::arg("skip_tol"), py::arg("with_grad"), py::arg("return_Pi"),
       "Inference at Sigma = K(X, X) + jitter mean(diag K) I from the warm start (alpha, lambda) "
       "and the bound's "
       "gradients at the optimum. Returns (result dict, alpha, lambda, (d_kernel [P], d_mean [L], "
@@ -207,7 +210,7 @@ void bind_cvi(py::module_& m) {
         }
         return py::make_tuple(value, da, dl, flops, evals);
       },
-      PYGPFAST_LOCAL_BOUND_ARGS, py::arg("y"), py::arg("Sigma"), py::arg("mean"),
+      PYGPFAST_LOCAL_BOUND_ARGS, py::arg("y"), py::arg("Sigma"), py::kw_only(), py::arg("mean"),
       py::arg("alpha"), py::arg("lambda_"),
       "The Opper-Archambeau objective (seed 004 eq. 11) at (alpha, lambda >= 0) [L, N]. Returns "
       "(value, d_alpha [L, N], d_lambda [L, N], flops, bound_evaluations).");
@@ -224,8 +227,8 @@ void bind_cvi(py::module_& m) {
         }
         return S;
       },
-      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("jitter"),
-      "The prior covariance of cvi_fit_step, K(X, X) + jitter mean(diag K) I [N, N].");
+      py::arg("codes"), py::arg("params"), py::arg("X"), py::kw_only(), py::arg("jitter"),
+      "The prior covariance of fit_step, K(X, X) + jitter mean(diag K) I [N, N].");
 
   m.def(
       "predictive_factor",
@@ -242,15 +245,16 @@ void bind_cvi(py::module_& m) {
         }
         return F;
       },
-      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("jitter"), py::arg("lambda_"),
+      py::arg("codes"), py::arg("params"), py::arg("X"), py::kw_only(), py::arg("jitter"),
+      py::arg("lambda_"),
       "F [L, N, N]: lower Cholesky factors of I + Lambda_l^1/2 Sigma Lambda_l^1/2 (Sigma with the "
-      "fit's relative jitter), for cvi_predict_f.");
+      "fit's relative jitter), for predict_f.");
 
   m.def(
       "predict_f",
       [](const py::array& codes, const py::array& params, const py::array& X,
-         const py::array& mean, const py::array& alpha, const py::array& lambda,
-         const py::array& F, const py::array& Xnew) {
+         const py::array& Xnew, const py::array& mean, const py::array& alpha,
+         const py::array& lambda, const py::array& F) {
         const auto Xv = as_matrix(X, "X");
         const auto Xn = as_matrix(Xnew, "Xnew");
         const kernels::Kernel kernel = make_kernel(codes, params, Xv.cols);
@@ -269,10 +273,10 @@ void bind_cvi(py::module_& m) {
         }
         return py::make_tuple(mu, var);
       },
-      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("mean"), py::arg("alpha"),
-      py::arg("lambda_"), py::arg("F"), py::arg("Xnew"),
-      "Latent marginals at Xnew: (mean [T, L], var [T, L]) from cvi_fit_step's alpha and lambda "
-      "and cvi_predictive_factor's F.");
+      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("Xnew"), py::kw_only(),
+      py::arg("mean"), py::arg("alpha"), py::arg("lambda_"), py::arg("F"),
+      "Latent marginals at Xnew [T, D]: (mean [T, L], var [T, L]) from fit_step's alpha and "
+      "lambda and predictive_factor's F.");
 }
 
 }  // namespace pygpfast::bind

@@ -225,7 +225,7 @@ void bind_ivm_multiclass(py::module_& m) {
         KernelSet ks = make_kernels(codes, params, Xv.cols, num_classes);
         std::vector<double> bs;
         const double* b = beta_or_zero(beta, num_classes, bs);
-        ivm::SelectOptions opt;
+        ivm::MulticlassSelectOptions opt;
         opt.num_classes = num_classes;
         opt.active_size = active_size;
         opt.n_random = n_random;
@@ -347,7 +347,7 @@ void bind_ivm_multiclass(py::module_& m) {
         for (std::size_t k = 0; k < ks.owned.size(); ++k) dk.push_back(dparams.mutable_data() + k * P);
         static_assert(sizeof(index_t) == sizeof(std::int64_t), "index_t is int64");
         const auto* act = static_cast<const index_t*>(active.data());
-        ivm::BoundResult r;
+        ivm::MulticlassBoundResult r;
         {
           py::gil_scoped_release release;
           r = ivm::multiclass_bound(ks.ptrs, C, Xv, yv, act, d, piv.data, bv.data, be, rr, with_grad ? &dk : nullptr,

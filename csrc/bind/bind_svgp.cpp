@@ -104,7 +104,7 @@ void bind_svgp(py::module_& m) {
         return py::tuple(py::make_tuple(r.elbo, r.expected_log_lik, r.kl, r.jitter, grads));
       },
       py::arg("codes"), py::arg("params"), py::arg("lik_kind"), py::arg("lik_variance"),
-      py::arg("n_gh"), py::arg("num_classes"), py::arg("Z"), py::arg("q_mu"), py::arg("q_sqrt"),
+      py::arg("n_gh"), py::arg("num_classes"), py::kw_only(), py::arg("Z"), py::arg("q_mu"), py::arg("q_sqrt"),
       py::arg("whiten"), py::arg("X"), py::arg("y"), py::arg("scale"), py::arg("jitter"),
       py::arg("with_grad"), py::arg("natural") = false, py::arg("path") = "auto",
       py::arg("return_path") = false, py::arg("prior_mean") = py::none(),
@@ -137,8 +137,9 @@ void bind_svgp(py::module_& m) {
         }
         return py::make_tuple(mean, var, extra);
       },
-      py::arg("codes"), py::arg("params"), py::arg("Z"), py::arg("q_mu"), py::arg("q_sqrt"),
-      py::arg("whiten"), py::arg("Xnew"), py::arg("jitter"), py::arg("prior_mean") = py::none(),
+      py::arg("codes"), py::arg("params"), py::kw_only(), py::arg("Z"), py::arg("q_mu"),
+      py::arg("q_sqrt"), py::arg("whiten"), py::arg("Xnew"), py::arg("jitter"),
+      py::arg("prior_mean") = py::none(),
       "Marginals of q(f) at Xnew: (mean, var, extra_jitter), [T] or [T, L] like q_mu's columns; the "
       "constant prior_mean [L] (None: zero) is included in mean.");
 }

@@ -41,7 +41,8 @@ void bind_svgp_mf(py::module_& m) {
                               py::make_tuple(r.inner_iterations, r.inner_residual, r.inner_converged),
                               grads);
       },
-      py::arg("codes"), py::arg("params"), py::arg("Z"), py::arg("X"), py::arg("y"), py::arg("a"),
+      py::arg("codes"), py::arg("params"), py::kw_only(), py::arg("Z"), py::arg("X"), py::arg("y"),
+      py::arg("a"),
       py::arg("jitter"), py::arg("solve_a"), py::arg("max_iter"), py::arg("tol"),
       py::arg("with_grad"),
       "Sparse mean-field bound (seed 000 eq. 12), y in {0, 1}. With solve_a, a is first replaced "
@@ -69,7 +70,8 @@ void bind_svgp_mf(py::module_& m) {
         }
         return py::make_tuple(q_mu, q_sqrt, extra);
       },
-      py::arg("codes"), py::arg("params"), py::arg("Z"), py::arg("X"), py::arg("y"), py::arg("a"),
+      py::arg("codes"), py::arg("params"), py::kw_only(), py::arg("Z"), py::arg("X"), py::arg("y"),
+      py::arg("a"),
       py::arg("jitter"),
       "Gaussian approximation of the mean-field posterior at the inducing points, whitened: "
       "(q_mu [M], q_sqrt [M, M] lower, extra_jitter).");

@@ -4,7 +4,7 @@ A likelihood is declarative: its name and parameters. The per-point work runs in
 core (closed forms where they exist, Gauss-Hermite quadrature otherwise), in OpenMP loops
 whose results do not depend on the thread count.
 
-The central quantity is the variational expectation of seed 000, eqs. (21)-(22), for each
+The central quantity is the variational expectation of Hensman, Matthews & Ghahramani 2015, eqs. (21)-(22), for each
 point n with marginal q(f_n) = N(mu_n, var_n)::
 
     value_n = E_{q(f_n)}[log p(y_n | f_n)]

@@ -7,7 +7,7 @@ Gaussian. Marlin, Khan & Murphy (ICML 2011) replace it by a piecewise bound B wi
 
 with B(x) >= llp(x) for every x, so that E[B(x)] under x ~ N(m, v) is an upper bound on
 E[llp(x)] in closed form (truncated-Gaussian moments), and the variational bounds of Khan,
-Mohamed & Murphy (2012, seed 004) built on it are lower bounds on the log-likelihood.
+Mohamed & Murphy (2012) built on it are lower bounds on the log-likelihood.
 
 The bounds shipped here are the *minimax* ones: for each R and each kind (piecewise linear,
 a = 0, or piecewise quadratic, a >= 0) they minimise the maximum error max_x B(x) - llp(x) under

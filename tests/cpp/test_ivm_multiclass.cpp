@@ -50,7 +50,7 @@ PYGPFAST_TEST(multiclass_marginals_equal_from_scratch_recompute) {
   ivm::ClassKernels kp{&ks[0], &ks[1], &ks[2]};
   const ConstMatrixView X(p.X.data(), p.n, p.D);
   for (int rule = 0; rule < 2; ++rule) {
-    ivm::SelectOptions opt;
+    ivm::MulticlassSelectOptions opt;
     opt.num_classes = 3;
     opt.active_size = 15;
     opt.seed = 9;
@@ -76,7 +76,7 @@ PYGPFAST_TEST(multiclass_selection_thread_count_invariant) {
   const double params[2] = {1.0, 0.9};
   const kernels::Kernel k(codes, 2, params, 2, p.D);
   ivm::ClassKernels kp{&k};
-  ivm::SelectOptions opt;
+  ivm::MulticlassSelectOptions opt;
   opt.num_classes = 4;
   opt.active_size = 20;
   opt.seed = 3;
@@ -99,7 +99,7 @@ PYGPFAST_TEST(multiclass_bad_input_throws) {
   const double params[2] = {1.0, 0.9};
   const kernels::Kernel k(codes, 2, params, 2, p.D);
   ivm::ClassKernels kp{&k};
-  ivm::SelectOptions opt;
+  ivm::MulticlassSelectOptions opt;
   opt.num_classes = 3;
   opt.active_size = 11;
   const ConstMatrixView X(p.X.data(), p.n, p.D);

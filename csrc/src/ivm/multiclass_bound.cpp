@@ -195,7 +195,7 @@ void multiclass_predict(const ClassKernels& kernels, int C, ConstMatrixView XI, 
   }
 }
 
-BoundResult multiclass_bound(const ClassKernels& kernels, int C, ConstMatrixView X, const double* y,
+MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, ConstMatrixView X, const double* y,
                              const index_t* active, index_t d, const double* pi, const double* b, const double* beta,
                              CubatureRule rule, const std::vector<double*>* d_kernel, double* d_beta) {
   check_kernels(kernels, C, X.cols);
@@ -281,7 +281,7 @@ BoundResult multiclass_bound(const ClassKernels& kernels, int C, ConstMatrixView
     if (failed[j])
       throw LinAlgError("ivm.multiclass_bound", 1,
                         "the marginal covariance of point " + std::to_string(j) + " is not positive definite");
-  BoundResult res;
+  MulticlassBoundResult res;
   res.expected_nll = linalg::fixed_order_sum(val.data(), n);
   // KL = [sum_c (xi^T K xi - tr(W^(c,c) K)) + log|I + K Pi|] / 2, tr(W^(c,c) K) = tr(W K) - tr(Gamma^-1 W K W).
   Vec Ginv = rep.R;

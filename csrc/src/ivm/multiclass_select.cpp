@@ -315,7 +315,7 @@ struct Scorer {
 }  // namespace
 
 Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, const double* y, const double* beta,
-                            const SelectOptions& opt) {
+                            const MulticlassSelectOptions& opt) {
   const int C = opt.num_classes;
   const index_t n = X.rows, d = opt.active_size;
   require(C >= 2, "num_classes must be >= 2, got ", C);

@@ -69,7 +69,7 @@ def default_kernel(X, random_state, variance=1.0):
 
 def diagnosis_sample(X, max_rows=2000):
     """At most `max_rows` evenly spaced rows of X (float64), read at once (a memory-mapped X is
-    touched only there), for kernels.diagnose."""
+    touched only there), for _diagnose.diagnose."""
     return np.ascontiguousarray(X[_diagnose._query_rows(X.shape[0], max_rows)], dtype=np.float64)
 
 
@@ -79,7 +79,7 @@ def data_scaled_kernel(kernel, X, random_state, variance=1.0):
     isotropic one) and the variance `variance` (1 for all but the first stationary leaf of a
     product, whose variances multiply); the other leaves (Linear, Constant, White) as they are.
     None when `kernel` has no stationary leaf. The start of the estimators' second search after
-    a first one from `kernel` ended degenerate (kernels.diagnose)."""
+    a first one from `kernel` ended degenerate (_diagnose.diagnose)."""
     if not has_stationary_leaf(kernel):
         return None
     reference = default_kernel(X, random_state, variance).lengthscale
@@ -129,7 +129,7 @@ def second_start(start, X, random_state, variance=1.0):
 def both_constant(first, second, scaled, X, scale):
     """restart_["both_constant"]: whether the searches from the given start and from the
     data-scaled one, `scaled`, ended at kernels (`first`, `second`) whose latent functions are
-    constant on the rows of X (:func:`kernels.latent_is_constant`, latent scale `scale`), and
+    constant on the rows of X (:func:`_diagnose.latent_is_constant`, latent scale `scale`), and
     `scaled` is not flat there. Such agreement is the data's verdict (labels without signal);
     a data-scaled start that a factor without lengthscales keeps flat (Linear(variance=1e-8) in
     a product) stalls as the first did, and agrees with it by that alone."""

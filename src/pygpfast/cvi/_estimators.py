@@ -1,51 +1,9 @@
-"""Concave variational inference for full GP models (Khan, Mohamed & Murphy 2012, seed 004).
-
-Full (non-sparse) GP models with non-conjugate likelihoods: a Gaussian posterior approximation
-q(z_l) = N(m_l, V_l) for each of the L latent functions, fitted by maximising the lower bound of
-seed 004 eq. (6) with closed-form local bounds f_b(y, m, v) <= E_q[log p(y | z)]:
-
-========================  ======  ============================================================
-likelihood                latents local bound
-========================  ======  ============================================================
-``"logit"``               1       y m - E[B(z)], B >= log(1 + e^z) piecewise (Marlin et al.)
-``"poisson"``             1       y m - exp(m + v/2) - lgamma(y + 1)  (exact; real y >= 0 too)
-``"softmax"``         C       m_y - lse(m + v/2)  (Blei & Lafferty)
-``"stick-breaking"``      C - 1   log sigmoid(z_k) + sum_{j<k} log sigmoid(-z_j), piecewise
-``"ordinal"``             1       cumulative logit p(y <= k) = sigmoid(phi_k - z), piecewise
-========================  ======  ============================================================
-
-Two methods reach the same optimum of the same bound:
-
-* ``"fixed-point"``: Algorithm 1 of the seed. Coordinate ascent on the diagonal of V^-1 with
-  the scalar fixed-point iteration of eq. (16) (accelerated and guarded), rank-one updates of V
-  (eqs. 19-20; applied in blocks as BLAS-3 updates, ``block_size=1`` is the literal BLAS-2
-  algorithm), then Newton's method for the means (eq. 21). Where that alternation converges
-  slowly (large prior variances from a cold start; for the multinomial bound, whose latents are
-  coupled, warm starts too), the means' step becomes Newton's step for the bound maximised over
-  the site precisions, which anticipates the next sweep: about half the iterations of the
-  seed's alternation, and for the multinomial bound at large variances a quarter (cold starts)
-  to a tenth (warm starts) of them (``coupled_means=False`` in :func:`infer` runs the seed's).
-  See ``csrc/include/pygpfast/cvi.hpp``.
-* ``"opper-archambeau"``: the reparameterisation of eq. (11), m = mean + Sigma alpha,
-  V = (Sigma^-1 + diag(lambda))^-1, optimised over (alpha, lambda >= 0) by L-BFGS-B. The
-  seed's baseline: on ill-conditioned priors (large variances, long length scales) it can stop
-  well short of the optimum; the estimators then warn (one fixed-point iteration from its
-  result measures the gap).
-
-Hyperparameters (kernel, constant prior means, ordinal thresholds) are learned by maximising the
-bound at the optimum with L-BFGS-B; its gradient comes from the envelope theorem in O(N^2) once V
-is known. Predictions: latent means and variances at new inputs, class probabilities by
-Gauss-Hermite quadrature (for ``"softmax"``, E[softmax(z)] by :class:`pygpfast.likelihoods.Softmax`).
-
-Public estimators: :class:`VGPClassifier` and :class:`VGPPoissonRegressor`; the building blocks
-:class:`LocalBound`, :func:`infer` and :func:`oa_objective` are public for tests and benchmarks.
-"""
+"""The concave-VI estimators, :class:`VGPClassifier` and :class:`VGPPoissonRegressor`: the
+inference for fixed hyperparameters is in :mod:`._inference`; here, the hyperparameter search
+around it and prediction."""
 
 import copy
-import numbers
-import time
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import scipy.special
@@ -58,362 +16,24 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from .. import _core
 from .. import kernels as _kernels
 from .. import likelihoods as _likelihoods
-from .._base import _start
+from .._base import _docs, _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._memory import check_fits, explain_memory_error
 from .._base._optimize import lbfgs
-from .._base._params import COMMON, NONE, Interval, Options, check_int
+from .._base._params import COMMON, NONE, Interval, Options
 from .._validation import array_of_matrix
 from ..exceptions import LinAlgError, warn_at_caller
-from ..piecewise import llp_bound
+from ._inference import _BOUND_KINDS, _MAX_NEWTON, _METHODS, LocalBound, _infer_oa
 
-__all__ = ["LocalBound", "InferenceResult", "infer", "oa_objective", "VGPClassifier",
-           "VGPPoissonRegressor"]
+__all__ = ["VGPClassifier", "VGPPoissonRegressor"]
 
-# Codes of pygpfast::cvi::LocalBoundType (csrc/include/pygpfast/cvi.hpp).
-_KINDS = {"logit": 0, "poisson": 1, "softmax": 2, "stick-breaking": 3, "ordinal": 4}
-_METHODS = ("fixed-point", "opper-archambeau")
-_BOUND_KINDS = ("quadratic", "linear")
-
-#: Newton iterations for the means per outer iteration of Algorithm 1.
-_MAX_NEWTON = 30
 #: Gauss-Hermite points for predictive probabilities (per latent function).
 _N_GH = 40
 #: Test rows per block of the ordinal likelihood's class probabilities (VGPClassifier._log_proba).
 _ORDINAL_BLOCK = 4096
-#: The hyperparameter search's relative tolerance (L-BFGS-B's ftol) in units of ``tol``. At the
-#: peers' N = 2000 task (bench/python/cvi_vs_sklearn.py) tol = 1e-9 with a factor of 10 took 40
-#: evaluations; with 1e-8 and 100, 27 to a bound 5e-3 lower (1e-5 relative) and the same
-#: hold-out NLPD and accuracy to four digits.
+#: The hyperparameter search's relative tolerance (L-BFGS-B's ftol) in units of ``tol``: the
+#: bound of an inference stopped at tol is only that accurate (bench/README.md, "VGP search").
 _SEARCH_TOL_FACTOR = 100.0
-#: Flops charged per (alpha, lambda) coordinate for one L-BFGS-B iteration (two-loop recursion
-#: with 10 pairs and the bound projections); negligible next to the O(N^3) objective.
-_LBFGS_FLOPS_PER_COORDINATE = 50
-
-
-class LocalBound:
-    """A local variational bound f_b(y, m, v) <= E_{N(z | m, v)}[log p(y | z)].
-
-    Parameters
-    ----------
-    likelihood : {"logit", "poisson", "softmax", "stick-breaking", "ordinal"}
-    bound : {"quadratic", "linear"}
-        Kind of the piecewise bound on log(1 + e^x) (logit, stick-breaking, ordinal).
-    n_pieces : int
-        Its number of pieces R (3 to 20).
-    n_classes : int
-        C (multinomial, stick-breaking) or K (ordinal); ignored otherwise.
-    thresholds : array_like [K - 1], optional
-        Ordinal cut points phi (strictly increasing); default evenly spaced on [-1, 1].
-    """
-
-    def __init__(self, likelihood, *, bound="quadratic", n_pieces=20, n_classes=0,
-                 thresholds=None):
-        if not isinstance(likelihood, str) or likelihood not in _KINDS:
-            raise ValueError(f"likelihood must be one of {tuple(_KINDS)}, got {likelihood!r}")
-        if not isinstance(bound, str) or bound not in _BOUND_KINDS:
-            raise ValueError(f"bound must be one of {_BOUND_KINDS}, got {bound!r}")
-        self.likelihood = likelihood
-        self.bound = bound
-        self.n_pieces = n_pieces
-        self.llp = llp_bound(n_pieces, bound)
-        multi = likelihood in ("softmax", "stick-breaking", "ordinal")
-        if multi:
-            if not (isinstance(n_classes, numbers.Integral) and n_classes >= 2):
-                raise ValueError(f"the {likelihood} likelihood needs n_classes >= 2, "
-                                 f"got {n_classes!r}")
-            self.n_classes = int(n_classes)
-        else:
-            self.n_classes = 0
-        if likelihood == "ordinal":
-            if thresholds is None:
-                thresholds = np.linspace(-1.0, 1.0, self.n_classes - 1)
-            thresholds = np.atleast_1d(np.asarray(thresholds, dtype=np.float64))
-            if thresholds.shape != (self.n_classes - 1,):
-                raise ValueError(f"thresholds must have {self.n_classes - 1} entries")
-            if not (np.all(np.isfinite(thresholds)) and np.all(np.diff(thresholds) > 0)):
-                raise ValueError("thresholds must be finite and strictly increasing")
-            self.thresholds = np.ascontiguousarray(thresholds)
-        else:
-            self.thresholds = np.zeros(0)
-
-    @property
-    def n_latent(self):
-        """L, the number of latent functions."""
-        if self.likelihood == "softmax":
-            return self.n_classes
-        if self.likelihood == "stick-breaking":
-            return self.n_classes - 1
-        return 1
-
-    def _core_args(self):
-        b = self.llp
-        return (_KINDS[self.likelihood], b.knots, b.a, b.b, b.c, self.n_classes, self.thresholds)
-
-    def __call__(self, y, m, v):
-        """f_b per point with its derivatives.
-
-        Parameters
-        ----------
-        y : array_like [N]
-            Labels (0/1, class indices 0..C-1, or for "poisson" counts or reals >= 0).
-        m, v : array_like [L, N]
-            Means and variances (>= 0) of the latent marginals (a 1-D array is [1, N]).
-
-        Returns
-        -------
-        value : ndarray [N]
-        dm, dv, d2m : ndarray [L, N]
-            d f_b / dm, d f_b / dv and d^2 f_b / dm^2 (per latent).
-        dthresholds : ndarray [K - 1]
-            sum over points of d f_b / d phi (ordinal; empty otherwise).
-        """
-        y = np.ascontiguousarray(y, dtype=np.float64)
-        m = np.atleast_2d(np.asarray(m, dtype=np.float64))
-        v = np.atleast_2d(np.asarray(v, dtype=np.float64))
-        return _core.cvi.local_bounds(*self._core_args(), y, np.ascontiguousarray(m),
-                                      np.ascontiguousarray(v))
-
-    def __repr__(self):
-        extra = f", n_classes={self.n_classes}" if self.n_classes else ""
-        return (f"LocalBound({self.likelihood!r}, bound={self.bound!r}, "
-                f"n_pieces={self.n_pieces}{extra})")
-
-
-@dataclass
-class InferenceResult:
-    """The optimum of the bound for fixed hyperparameters.
-
-    Attributes
-    ----------
-    bound : float
-    alpha, lambda_ : ndarray [L, N]
-        m_l = mean_l + Sigma alpha_l and V_l = (Sigma^-1 + diag(lambda_l))^-1.
-    V : ndarray [L, N, N] or None
-    history : ndarray [n, 4]
-        Per iteration (row 0: the start): bound, cumulative flops, cumulative local-bound
-        evaluations, cumulative seconds.
-    iterations : int
-    converged : bool
-    info : dict
-        The core's counters (residuals of eqs. 7-8, damped sweeps, ...).
-    """
-
-    bound: float
-    alpha: np.ndarray
-    lambda_: np.ndarray
-    V: object
-    history: np.ndarray
-    iterations: int
-    converged: bool
-    info: dict
-
-
-def _check_local_bound(local_bound):
-    if not isinstance(local_bound, LocalBound):
-        raise ValueError(f"local_bound must be a LocalBound, got {local_bound!r}")
-
-
-def _check_sigma(Sigma):
-    """Sigma as a C-contiguous float64 [N, N]: ValueError unless it is square, non-empty and
-    symmetric to rounding (the core reads both triangles); asymmetry within rounding is
-    averaged out."""
-    Sigma = np.ascontiguousarray(Sigma, dtype=np.float64)
-    if Sigma.ndim != 2 or Sigma.shape[0] != Sigma.shape[1] or Sigma.shape[0] == 0:
-        raise ValueError(f"Sigma must be a non-empty square matrix, got shape {Sigma.shape}")
-    if not np.array_equal(Sigma, Sigma.T):  # (NaN fails here too, and the core names it)
-        gap = np.max(np.abs(Sigma - Sigma.T))
-        if gap > 1e-10 * np.max(np.abs(Sigma)):
-            raise ValueError(f"Sigma must be symmetric, got |Sigma - Sigma^T| up to {gap:.3g}")
-        Sigma = np.ascontiguousarray(0.5 * (Sigma + Sigma.T))
-    return Sigma
-
-
-def _latent_array(x, L, N, name, default=0.0):
-    if x is None:
-        return np.full((L, N), default)
-    x = np.ascontiguousarray(np.atleast_2d(np.asarray(x, dtype=np.float64)))
-    if x.shape != (L, N):
-        raise ValueError(f"{name} must be [{L}, {N}], got {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise ValueError(f"{name} contains NaN or infinity")
-    return x
-
-
-def _mean_vector(mean, L):
-    if mean is None:
-        return np.zeros(L)
-    mean = np.ascontiguousarray(np.atleast_1d(np.asarray(mean, dtype=np.float64)))
-    if mean.shape != (L,):
-        raise ValueError(f"mean must have {L} entries (one per latent function)")
-    return mean
-
-
-def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method="fixed-point",
-          max_iter=200, tol=1e-10, block_size=None, skip_tol=0.0, coupled_means=True,
-          return_V=False):
-    """Maximise the bound over q for the prior N(mean_l, Sigma) of each latent function.
-
-    Parameters
-    ----------
-    Sigma : array_like [N, N]
-        Prior covariance (symmetric positive semi-definite; it is never inverted).
-    y : array_like [N]
-    local_bound : LocalBound
-    mean : array_like [L], optional
-        Constant prior means (zeros by default).
-    alpha, lambda_ : array_like [L, N], optional
-        Starting point (zeros: Algorithm 1's initialisation V = Sigma, m = mean).
-    method : {"fixed-point", "opper-archambeau"}
-    max_iter : int >= 0
-        Outer iterations of Algorithm 1, or L-BFGS-B iterations (0: the start's V and bound).
-    tol : float
-        Relative tolerance on the bound (<= 0: run max_iter iterations).
-    block_size : int or None
-        Coordinates per BLAS-3 block of Algorithm 1 (1: literal rank-one updates). None: the
-        core's choice by N, 32 below 1500 points and 64 from there (the faster).
-    skip_tol : float
-        Algorithm 1 leaves a coordinate whose variance would change by less than this fraction
-        (not with the multinomial bound, whose Newton steps for the means need its site
-        precisions at their fixed point lambda = p).
-    coupled_means : bool
-        Where the iterations converge slowly, a step for the means that anticipates the next
-        sweep (Newton's step for the bound maximised over the site precisions; not in the
-        seed; from cold starts, lambda = 0, and for the multinomial bound from any start: see
-        ``csrc/include/pygpfast/cvi.hpp``): at large prior variances about half the
-        iterations, for the multinomial bound a quarter to a tenth. False runs the seed's
-        Algorithm 1 as written.
-    return_V : bool
-        Also return the posterior covariances (fixed-point method).
-
-    Returns
-    -------
-    InferenceResult
-    """
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    _check_local_bound(local_bound)
-    check_int(max_iter, "max_iter", 0)
-    if block_size is not None:
-        check_int(block_size, "block_size", 1)
-    for name, value, low in (("tol", tol, -np.inf), ("skip_tol", skip_tol, 0.0)):
-        if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
-                and low <= value < np.inf):
-            raise ValueError(f"{name} must be a finite number"
-                             f"{' >= 0' if low == 0 else ''}, got {value!r}")
-    Sigma = _check_sigma(Sigma)
-    N, L = Sigma.shape[0], local_bound.n_latent
-    y = np.ascontiguousarray(y, dtype=np.float64)
-    if y.shape != (N,):
-        raise ValueError(f"y must have {N} entries, got shape {y.shape}")
-    mean = _mean_vector(mean, L)
-    alpha = _latent_array(alpha, L, N, "alpha")
-    lambda_ = _latent_array(lambda_, L, N, "lambda_")
-    if method == "opper-archambeau":
-        return _infer_oa(Sigma, y, local_bound, mean, alpha, np.maximum(lambda_, 0.0),
-                         max_iter, tol)
-    info, a, lam, V = _core.cvi.infer(
-        *local_bound._core_args(), y, Sigma, mean, alpha, lambda_, int(max_iter), float(tol),
-        block_size or 0, _MAX_NEWTON, float(skip_tol), bool(coupled_means), bool(return_V))
-    history = info.pop("history")
-    return InferenceResult(info["bound"], a, lam, V, history, info["iterations"],
-                           info["converged"], info)
-
-
-def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
-    """The Opper-Archambeau objective (seed 004 eq. 11) and its gradients.
-
-    Parameters
-    ----------
-    Sigma : array_like [N, N]
-    y : array_like [N]
-    local_bound : LocalBound
-    alpha, lambda_ : array_like [L, N]
-        lambda_ >= 0.
-    mean : array_like [L], optional
-
-    Returns
-    -------
-    value : float
-    d_alpha, d_lambda : ndarray [L, N]
-    """
-    _check_local_bound(local_bound)
-    Sigma = _check_sigma(Sigma)
-    N, L = Sigma.shape[0], local_bound.n_latent
-    value, da, dl, _, _ = _core.cvi.oa_objective(
-        *local_bound._core_args(), np.ascontiguousarray(y, dtype=np.float64), Sigma,
-        _mean_vector(mean, L), _latent_array(alpha, L, N, "alpha"),
-        _latent_array(lambda_, L, N, "lambda_"))
-    return value, da, dl
-
-
-def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
-    """L-BFGS-B over (alpha, lambda >= 0) on eq. (11), recording the bound per iteration.
-
-    With the Poisson bound a trial step can overflow exp(m + v / 2) (m = Sigma alpha moves by
-    Sigma times the step). L-BFGS-B's line search cannot backtrack from an
-    infinite value: it returns to its start and reports convergence. A trial point whose bound
-    is not finite is therefore given the value of a quadratic wall around the current iterate,
-    higher than the iterate's own, so that the line search shortens the step; such a point is
-    never accepted.
-    """
-    L, N = alpha.shape
-    args = lb._core_args()
-    # x, value: the last call; at_x, at_value: the current iterate
-    state = {"flops": 0.0, "evals": 0.0, "x": None, "value": None, "at_x": None,
-             "at_value": None, "walls": 0}
-    start = time.perf_counter()
-
-    def objective(x):
-        value, grad = -np.inf, None
-        if np.isfinite(x).all():  # (a step from a gradient near overflow need not be)
-            a = np.ascontiguousarray(x[: L * N].reshape(L, N))
-            lam = np.ascontiguousarray(x[L * N:].reshape(L, N))
-            value, da, dl, flops, evals = _core.cvi.oa_objective(*args, y, Sigma, mean, a, lam)
-            state["flops"] += flops + _LBFGS_FLOPS_PER_COORDINATE * x.size
-            state["evals"] += evals
-            grad = np.concatenate([da.ravel(), dl.ravel()])
-        if not (np.isfinite(value) and np.isfinite(grad).all()):
-            if state["at_x"] is None:
-                raise ValueError(
-                    "opper-archambeau: the bound is not finite at the starting point (exp(m + "
-                    "v/2) overflows: the prior variance is too large for these site "
-                    "parameters); start from positive site precisions lambda_")
-            state["walls"] += 1
-            d = x - state["at_x"]
-            return -state["at_value"] + 1.0 + d @ d, 2.0 * d
-        state["x"], state["value"] = x.copy(), value
-        return -value, -grad
-
-    x0 = np.concatenate([alpha.ravel(), lambda_.ravel()])
-    f0, _ = objective(x0)
-    state["at_x"], state["at_value"] = x0, -f0
-    history = [(-f0, state["flops"], state["evals"], time.perf_counter() - start)]
-
-    def on_iteration(_, x, value):
-        state["at_x"], state["at_value"] = x.copy(), -value
-        history.append((-value, state["flops"], state["evals"], time.perf_counter() - start))
-
-    bounds = [(None, None)] * (L * N) + [(0.0, None)] * (L * N)
-    res = lbfgs(objective, x0, bounds=bounds, max_iter=int(max_iter), ftol=float(tol), gtol=1e-12,
-                max_evaluations=20 * int(max_iter) + 20, on_iteration=on_iteration)
-    x = res.x
-    if np.array_equal(state["x"], x):  # L-BFGS-B usually returns its last evaluated point
-        value = state["value"]
-    else:
-        value = _core.cvi.oa_objective(
-            *args, y, Sigma, mean, np.ascontiguousarray(x[: L * N].reshape(L, N)),
-            np.ascontiguousarray(x[L * N:].reshape(L, N)))[0]
-    info = {"bound": value, "iterations": res.n_iter, "converged": res.converged,
-            "flops": state["flops"], "bound_evaluations": state["evals"],
-            "function_evaluations": res.n_evaluations, "message": res.message,
-            "overflowing_trials": state["walls"]}
-    return InferenceResult(value, x[: L * N].reshape(L, N).copy(), x[L * N:].reshape(L, N).copy(),
-                           None, np.array(history), res.n_iter, res.converged, info)
-
-
-# ------------------------------------------------------------------------------------------
-# Estimators
 
 
 class _Hyperparameters:
@@ -571,7 +191,7 @@ class _VGPEstimator(GPEstimator):
 
     def _memory_plan(self, N, local_bound, kernel):
         """(N, bytes per N^2, what, advice) of a fit on N points with local_bound's latent
-        functions, for pygpfast._memory's check_fits and explain_memory_error."""
+        functions, for pygpfast._base._memory's check_fits and explain_memory_error."""
         L = local_bound.n_latent
         matrices = _fit_matrices(L, kernel, local_bound.likelihood == "softmax")
         latents = f"{L} latent functions" if L > 1 else "1 latent function"
@@ -673,7 +293,8 @@ class _VGPEstimator(GPEstimator):
         if self.predictive_factor_ is None:
             codes, params = self.kernel_._spec(self.X_train_.shape[1])
             self.predictive_factor_ = _core.cvi.predictive_factor(
-                codes, params, self.X_train_, self.jitter, np.ascontiguousarray(self.lambda_.T))
+                codes, params, self.X_train_, jitter=self.jitter,
+                lambda_=np.ascontiguousarray(self.lambda_.T))
         return self.predictive_factor_
 
     def _check_oa_optimum(self, hyper, X, t, alpha, lam, bound):
@@ -686,9 +307,10 @@ class _VGPEstimator(GPEstimator):
         """
         codes, params = hyper.kernel._spec(X.shape[1])
         step, *_ = _core.cvi.fit_step(
-            codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter,
-            alpha, np.maximum(lam, 0.0), 1, self.tol, self.block_size or 0, _MAX_NEWTON,
-            np.sqrt(self.tol), False, False)
+            codes, params, *hyper.local_bound._core_args(), X, t, mean=hyper.mean,
+            jitter=self.jitter, alpha=alpha, lambda_=np.maximum(lam, 0.0), max_iter=1,
+            tol=self.tol, block_size=self.block_size or 0, max_newton=_MAX_NEWTON,
+            skip_tol=np.sqrt(self.tol), with_grad=False, return_Pi=False)
         gap = step["bound"] - bound
         # (L-BFGS-B's ftol bounds one step's relative gain, not the distance to the optimum,
         # which stays well above tol on any run: hence sqrt(tol), 1e-4 for the default.)
@@ -727,16 +349,18 @@ class _VGPEstimator(GPEstimator):
         codes, params = hyper.kernel._spec(X.shape[1])
         max_iter = self.inner_max_iter
         if self.method == "opper-archambeau":
-            K = _core.cvi.prior_covariance(codes, params, X, self.jitter)
-            oa = _infer_oa(K, t, hyper.local_bound, hyper.mean, alpha, lam, max_iter, self.tol)
-            alpha, lam, max_iter = oa.alpha, oa.lambda_, 0  # the core then only differentiates
+            K = _core.cvi.prior_covariance(codes, params, X, jitter=self.jitter)
+            _, alpha, lam, oa_history, _, oa_converged, oa_info = _infer_oa(
+                K, t, hyper.local_bound, hyper.mean, alpha, lam, max_iter, self.tol)
+            max_iter = 0  # (the core then only differentiates)
         info, alpha, lam, grads, _ = _core.cvi.fit_step(
-            codes, params, *hyper.local_bound._core_args(), X, t, hyper.mean, self.jitter, alpha,
-            lam, max_iter, self.tol, self.block_size or 0, _MAX_NEWTON, np.sqrt(self.tol), True,
-            False)
+            codes, params, *hyper.local_bound._core_args(), X, t, mean=hyper.mean,
+            jitter=self.jitter, alpha=alpha, lambda_=lam, max_iter=max_iter, tol=self.tol,
+            block_size=self.block_size or 0, max_newton=_MAX_NEWTON, skip_tol=np.sqrt(self.tol),
+            with_grad=True, return_Pi=False)
         if self.method == "opper-archambeau":
-            info.update({k: v for k, v in oa.info.items() if k != "bound"},
-                        history=oa.history, converged=oa.converged)
+            info.update({k: v for k, v in oa_info.items() if k != "bound"},
+                        history=oa_history, converged=oa_converged)
         return info, alpha, lam, grads
 
     def predict_latent(self, X):
@@ -750,124 +374,41 @@ class _VGPEstimator(GPEstimator):
         check_is_fitted(self)
         X = validate_data(self, array_of_matrix(X), dtype=np.float64, order="C", reset=False)
         codes, params = self.kernel_._spec(X.shape[1])
-        return _core.cvi.predict_f(codes, params, self.X_train_, self.mean_,
-                                   np.ascontiguousarray(self.alpha_.T),
-                                   np.ascontiguousarray(self.lambda_.T), self._predictive_factor(),
-                                   X)
+        return _core.cvi.predict_f(codes, params, self.X_train_, X, mean=self.mean_,
+                                   alpha=np.ascontiguousarray(self.alpha_.T),
+                                   lambda_=np.ascontiguousarray(self.lambda_.T),
+                                   F=self._predictive_factor())
 
 
-_COMMON_DOC = """
-    kernel : pygpfast.kernels.Kernel, optional
-        Prior covariance, shared by the latent functions. Default: RBF with ARD lengthscales
-        from the median-distance heuristic. A kernel's hyperparameters are where the search
-        starts; lengthscales far from the distances between the training inputs, or a variance
-        far below the latent scale, make a useless model (see Notes), which the fit detects,
-        searches again from the data's scale or warns about.
-    bound : {"quadratic", "linear"}
-        Piecewise bound on log(1 + e^x) (Marlin, Khan & Murphy 2011) for the logit-based
-        likelihoods.
-    n_pieces : int
-        Its number of pieces, 3 to 20.
-    method : {"fixed-point", "opper-archambeau"}
-        Algorithm 1 of seed 004 (default; with the coupled mean steps of :func:`infer`) or
-        L-BFGS-B on the Opper-Archambeau reparameterisation (eq. 11); both maximise the same
-        bound.
-    optimize_hyperparameters : bool
-        Learn the kernel parameters (and the prior means and ordinal thresholds) by maximising
-        the bound with L-BFGS-B.
-    max_iter : int
-        Hyperparameter iterations (L-BFGS-B). The ten-class stick-breaking fit on
-        scikit-learn's digits (65 kernel hyperparameters) converges in 115.
-    inner_max_iter : int
+_PARAMETERS = _docs.KERNEL + """    method : {'fixed-point', 'opper-archambeau'}, default 'fixed-point'
+        Algorithm 1 of Khan, Mohamed & Murphy (2012), with mean steps that anticipate the sweep
+        (see :func:`infer`), or L-BFGS-B on the Opper-Archambeau reparameterisation (their
+        eq. 11); both maximise the same bound.
+    max_iter : int, default 200
+        Hyperparameter iterations (L-BFGS-B).
+    inner_max_iter : int, default 200
         Iterations of the inference for fixed hyperparameters.
-    tol : float
-        Relative tolerance of the inference: it stops when an iteration raises the bound by
-        less than tol |bound|. The hyperparameter search stops when an iteration raises the
-        bound by less than 100 tol |bound| (the bound of an inference stopped at tol is only
-        that accurate, so the search cannot resolve smaller changes).
-    block_size : int or None
-        Coordinates per BLAS-3 block of Algorithm 1 (1: the literal rank-one updates). None
-        (default): the core's choice by N, 32 below 1500 training points and 64 from there.
-    jitter : float
-        Added to the diagonal of K(X, X), relative to its mean diagonal: it keeps the rank-one
-        updates of V accurate when K is numerically singular.
-    random_state : int, RandomState or None
-        For the default kernel's heuristic (on a subsample of more than 1000 rows), also
-        that of a second search's data-scaled start (see Notes).
-    verbose : int or bool, default 0
-        Print the bound, the inferences run and the elapsed time every `verbose`
-        hyperparameter iterations, or once when the hyperparameters are fixed (0 or False:
-        silent; True: every iteration).
-    callback : callable, optional
-        ``callback(estimator, iteration, bound) -> bool`` after every hyperparameter iteration;
-        True stops the search there. The estimator's fitted attributes hold the current
-        hyperparameters and posterior, so it may call ``predict``. A second search (see
-        ``restart_``) counts its iterations from 1 again; a fit whose search the callback
-        stopped is not searched again.
-"""
+    tol : float, default 1e-8
+        The inference stops when an iteration raises the bound by less than tol |bound|; the
+        hyperparameter search when one raises it by less than 100 tol |bound|.
+    block_size : int or None, default None
+        Coordinates per BLAS-3 block of Algorithm 1 (1: the literal rank-one updates). None:
+        32 below 1500 training points, 64 from there.
+""" + _docs.COMMON
 
-_COMMON_ATTRIBUTES = """
-    objective_ : float
-        The lower bound on log p(y) at the fitted q and hyperparameters.
-    history_ : ndarray
-        The bound after each hyperparameter iteration (of the search kept, see ``restart_``),
-        or, when the hyperparameters are fixed, at the inference's start and after each of its
-        iterations (n_iter_ + 1 entries).
-    n_iter_ : int
-        Hyperparameter iterations (of the search kept), or the inference's iterations when the
-        hyperparameters are fixed.
-    n_evaluations_ : int
+_ATTRIBUTES = _docs.ATTRIBUTES + """    n_evaluations_ : int
         Inferences run (one per evaluation of the bound and its gradient; both searches').
-    restart_ : dict or None
-        None unless the search from the given kernel ended degenerate and a second one ran
-        from the data-scaled start (see Notes): ``"reason"`` (the degeneracy: "isolated",
-        "unreached", "constant" or "stalled"), ``"start"`` (the second search's starting
-        kernel), ``"bounds"`` (the bound each search reached, the first's first), ``"kept"``
-        ("given" or "data-scaled": the one with the higher bound, whose results the fitted
-        attributes hold, and whose warnings alone pygpfast issues: not those of numpy, scipy,
-        scikit-learn or the callback, shown as they occur, see Notes) and
-        ``"both_constant"`` (both ended at a constant latent function: labels without signal,
-        not warned about).
-    kernel_ : pygpfast.kernels.Kernel
     mean_ : ndarray [L]
         Constant prior means of the latent functions.
     local_bound_ : LocalBound
     alpha_, lambda_ : ndarray [N, L]
         The posterior: m_l = mean_l + K alpha_l, V_l = (K^-1 + diag(lambda_l))^-1.
     predictive_factor_ : ndarray [L, N, N]
-        Lower Cholesky factors F_l of I + diag(lambda_l)^1/2 K diag(lambda_l)^1/2, from which the
-        predictive variances are k_** - |F_l^-1 diag(lambda_l)^1/2 k_*|^2 (stable where an
-        explicit (K + diag(lambda_l)^-1)^-1 would cancel, e.g. Poisson sites with large counts).
-        Not pickled: an unpickled model computes it again at its first prediction.
+        Lower Cholesky factors of I + diag(lambda_l)^1/2 K diag(lambda_l)^1/2, for the
+        predictive variances (not pickled: recomputed at the first prediction after loading).
     inference_info_ : dict
-        Counters of the last inference (iterations, flops, residuals of eqs. 7-8, ...).
-
-    Notes
-    -----
-    A kernel whose lengthscales are far from the distances between the training inputs gives
-    a useless model, and the bound's gradients vanish there, so the hyperparameter search
-    cannot leave: lengthscales far below make K(X, X) numerically diagonal (a memoriser,
-    training accuracy 1 and the prior everywhere else), lengthscales far above make it
-    numerically constant (the kernel variance then collapses and every prediction is the
-    same). After the fit, ``kernels.diagnose`` checks for both (a typical training input's
-    largest correlation with another below ``kernels.ISOLATED_CORRELATION``, 1e-3; or a start
-    that varies across the training inputs by less than ``kernels.FLAT_SHARE``, 1e-4, of its
-    variance and a latent function that ends varying by less than ``kernels.FLAT_SPREAD``,
-    1e-2). A start on which the prior barely varies (a kernel variance of 1e-8, say) is as
-    flat: the search ends there ("stalled": the prior varies across the training inputs by
-    less than 1e-4 of the latent scale, at its start or creeping away from it). When it finds
-    any of these and the hyperparameters are learned, a second search runs from the
-    data-scaled start (the given kernel's structure with the default kernel's lengthscales and
-    variance, drawn with ``random_state``; where that is the first start itself, as with
-    ``kernel=None``, the same with lengthscales e^2 longer) and the fit keeps whichever
-    reaches the higher bound (``restart_``), with pygpfast's warnings of that search only
-    (those of the other, such as its max_iter, are dropped; warnings that numpy, scipy,
-    scikit-learn or the callback issue during either search are shown as they occur: the fit
-    holds its own, on its own thread, and leaves the process's warning filters alone, so that
-    fits in concurrent threads keep theirs). A degenerate fit that remains
-    (hyperparameters fixed, no lengthscales to rescale, or the first search kept) is a
-    ``ConvergenceWarning`` that names the cause with its numbers, as is a kernel fixed
-    (``optimize_hyperparameters=False``) at such a flat prior ("flat").
+        Counters of the last inference (iterations, flops, residuals, ...).
+    X_train_ : ndarray [N, D]
 """
 
 
@@ -909,39 +450,38 @@ def _encode_classes(y, classes):
 
 class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
     __doc__ = (
-        """Full-GP classifier by concave variational inference (Khan, Mohamed & Murphy 2012).
+        """Full-GP classifier by concave variational inference (Khan, Mohamed & Murphy 2012): a
+    Gaussian q per latent function, fitted by maximising a concave lower bound on log p(y)
+    (``objective_``) with closed-form local bounds.
 
     Parameters
     ----------
-    likelihood : {"logit", "softmax", "stick-breaking", "ordinal"}
-        "logit": binary Bernoulli-logit; "softmax": softmax over C latent functions with
-        the log-sum-exp bound; "stick-breaking": C - 1 latent functions (Khan et al. 2012b);
-        "ordinal": one latent function and K - 1 learned thresholds, for classes in the order
-        of ``class_order_`` (see `classes`)."""
-        + _COMMON_DOC
-        + """    classes : array_like [C] or None
-        The class labels in the order the model takes them: for "ordinal" the order of the
-        scale (lowest first), for "stick-breaking" that of the sticks, for the others that of
-        the latent functions. Every label of y must be one of them, and each of them must occur
-        in y. None: for "ordinal", the order of the categories when y is an ordered pandas
-        Categorical (or a Series of one; unused categories are dropped), and otherwise the
-        sorted labels (strings then sort alphabetically, which is rarely the order of an
-        ordinal scale). Whatever the order, ``classes_`` and the columns of ``predict_proba``
-        are sorted, as scikit-learn's metrics and scorers take them to be.
-    learn_mean : bool or None
-        Learn a constant prior mean per latent function. None: for "softmax" and
-        "stick-breaking" (the thresholds play that role for "ordinal"; zero mean for "logit",
-        as in scikit-learn's GaussianProcessClassifier).
+""" + _PARAMETERS + """    likelihood : {'logit', 'softmax', 'stick-breaking', 'ordinal'}, default 'logit'
+        'logit': binary, with a piecewise bound on log(1 + e^x). 'softmax': C latent
+        functions, with the log-sum-exp bound. 'stick-breaking': C - 1 latent functions.
+        'ordinal': one latent function and C - 1 learned thresholds, for the classes in the
+        order of ``class_order_``.
+    bound : {'quadratic', 'linear'}, default 'quadratic'
+        Piecewise bound on log(1 + e^x) (Marlin, Khan & Murphy 2011) of the logit-based
+        likelihoods.
+    n_pieces : int, default 20
+        Its number of pieces, 3 to 20.
+    classes : array_like [C] or None, default None
+        The labels in the order the model takes them (the scale's for 'ordinal', lowest
+        first; the sticks' for 'stick-breaking'). None: the order of an ordered pandas
+        Categorical y for 'ordinal', else sorted. ``classes_`` and predict_proba's columns are
+        sorted whatever the order.
+    learn_mean : bool or None, default None
+        Learn a constant prior mean per latent function. None: for 'softmax' and
+        'stick-breaking'.
 
     Attributes
     ----------
     classes_ : ndarray [C]
-        The class labels, sorted: the columns of ``predict_proba``.
+        The labels, sorted: the columns of predict_proba.
     class_order_ : ndarray [C]
-        The class labels in the order the model takes them (see `classes`); for "ordinal",
-        ``local_bound_.thresholds`` separate consecutive entries."""
-        + _COMMON_ATTRIBUTES
-    )
+        The labels in the order the model takes them.
+""" + _ATTRIBUTES + _docs.NOTES)
 
     def __init__(self, kernel=None, *, likelihood="logit", bound="quadratic", n_pieces=20,
                  method="fixed-point", optimize_hyperparameters=True, max_iter=200,
@@ -1105,22 +645,19 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
 
 class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
     __doc__ = (
-        """Full-GP Poisson regression (counts, rate exp(z)) by concave variational inference.
-
-    The local bound is the exact expectation y m - exp(m + v/2) - lgamma(y + 1) (seed 004,
-    section 4). Non-integer targets y >= 0 are taken by the same formula (a quasi-likelihood), as
-    scikit-learn's Poisson models take them.
+        """Full-GP Poisson regression (rate exp(f)) by concave variational inference (Khan,
+    Mohamed & Murphy 2012): the local bound is the exact expectation
+    y m - exp(m + v/2) - lgamma(y + 1); real targets y >= 0 are taken by the same formula.
+    The fit maximises the lower bound on log p(y) (``objective_``).
 
     Parameters
-    ----------"""
-        + _COMMON_DOC
-        + """    learn_mean : bool
-        Learn a constant prior mean of the log rate (initialised at log mean(y)).
+    ----------
+""" + _PARAMETERS + """    learn_mean : bool, default True
+        Learn a constant prior mean of the log rate (started at log mean(y)).
 
     Attributes
-    ----------"""
-        + _COMMON_ATTRIBUTES
-    )
+    ----------
+""" + _ATTRIBUTES + _docs.NOTES)
 
     _SPARSE_PEER = "SVGPRegressor(likelihood='poisson')"
 

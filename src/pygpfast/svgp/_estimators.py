@@ -23,7 +23,7 @@ from .._base._params import (BOOL, COMMON, NONE, Interval, Kind, Options, check_
                              check_params)
 from .._validation import as_matrix, as_vector, check_same_dim, power_of_two_unit
 from ..exceptions import warn_at_caller
-from . import _mf as _svgp_mf
+from . import _mf
 from ._model import SVGP
 from ._optim import StochasticTrainer, fit_lbfgs, natural_gap
 
@@ -89,7 +89,7 @@ class _SVGPEstimator(GPEstimator):
     def _check_params(self):
         check_params(self, self._parameter_constraints)
         if self.method == "mf":
-            _svgp_mf.check_estimator_params(self)
+            _mf.check_estimator_params(self)
 
     def _resolve_optimizer(self, n_rows, streaming):
         if self.optimizer == "auto":
@@ -139,7 +139,7 @@ class _SVGPEstimator(GPEstimator):
 
     def _memory_plan(self, M, L, optimizer, call):
         """(M, bytes per M^2, what, advice) of a fit (by `call`) with M inducing points and L
-        latent functions, for pygpfast._memory's check_fits and explain_memory_error."""
+        latent functions, for pygpfast._base._memory's check_fits and explain_memory_error."""
         how = "method='mf'" if self.method == "mf" else f"optimizer={optimizer!r}"
         optimizer = "lbfgs" if self.method == "mf" else optimizer  # (its L-BFGS-B's count)
         a, b = self._FIT_MATRICES[optimizer]
@@ -370,7 +370,7 @@ class _SVGPEstimator(GPEstimator):
 
     def _q_gap(self, X, t, B):
         """(the natural-gradient gap of q(u) per row, max(1, |ELBO / N|)) on the data X, t: see
-        pygpfast._svgp_optim.natural_gap (two passes over the data, one more per halving of
+        pygpfast.svgp._optim.natural_gap (two passes over the data, one more per halving of
         the step; blocks of max(B, 2048) rows, so that the core's O(rows M) scratch stays near
         a minibatch's)."""
         N = X.shape[0]
@@ -545,7 +545,7 @@ class _SVGPEstimator(GPEstimator):
         return self._report(it, elbo, f"{rows_per_s:,.0f} rows/s")
 
     def _fit_mf(self, model, X, t):
-        """The sparse mean-field method (seed 000 section 3.1); see pygpfast._svgp_mf."""
+        """The sparse mean-field method (Hensman, Matthews & Ghahramani 2015 section 3.1); see pygpfast.svgp._mf."""
         if len(self.classes_) != 2:
             raise ValueError(
                 f"Only binary classification is supported by method='mf'; y has {len(self.classes_)} classes"
@@ -556,7 +556,7 @@ class _SVGPEstimator(GPEstimator):
                 self._set_mf(model, current())
             return self._report_step(it, bound, rows_per_s)
 
-        fit = _svgp_mf.fit(
+        fit = _mf.fit(
             model.kernel, model.Z, X, t, jitter=self.jitter, train_Z=self.train_inducing,
             train_hyper=self.optimize_hyperparameters, max_iter=self._max_iter("lbfgs"), tol=self.tol,
             report=report,
@@ -568,7 +568,7 @@ class _SVGPEstimator(GPEstimator):
         return self
 
     def _set_mf(self, model, fit):
-        """Fitted attributes from a method='mf' result (an _svgp_mf.MFFit)."""
+        """Fitted attributes from a method='mf' result (a _mf.MFFit)."""
         # Its Gaussian approximation of q(u), whitened whatever `whiten` says.
         self._set_model(SVGP(model.kernel, model.likelihood, fit.Z, fit.q_mu, fit.q_sqrt, whiten=True,
                              jitter=self.jitter))

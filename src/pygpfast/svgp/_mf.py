@@ -1,4 +1,4 @@
-"""Sparse mean-field GP classification (seed 000 section 3.1, ``method="mf"``; probit only).
+"""Sparse mean-field GP classification (Hensman, Matthews & Ghahramani 2015 section 3.1, ``method="mf"``; probit only).
 
 The probit model is augmented with g = f + eps, eps ~ N(0, I) (eq. 9); Titsias' bound on p(g)
 and a factorising q(g) give the bound of eq. (12), whose factors are truncated Gaussians with
@@ -45,7 +45,7 @@ def _warn_jitter(extra, codes, params, Z):
 
 
 def mf_bound(kernel, Z, X, y, a, *, jitter=1e-6, solve_a=False, with_grad=False):
-    """The sparse mean-field bound of seed 000 eq. (12), optionally at the optimal ``a``.
+    """The sparse mean-field bound of Hensman, Matthews & Ghahramani 2015 eq. (12), optionally at the optimal ``a``.
 
     Parameters
     ----------
@@ -76,8 +76,8 @@ def mf_bound(kernel, Z, X, y, a, *, jitter=1e-6, solve_a=False, with_grad=False)
     """
     codes, params = kernel._spec(Z.shape[1])
     value, a_out, extra, (iters, resid, converged), g = _core.svgp.mf_bound(
-        codes, params, Z, X, y, a, float(jitter), bool(solve_a), INNER_MAX_ITER, INNER_TOL,
-        bool(with_grad),
+        codes, params, Z=Z, X=X, y=y, a=a, jitter=float(jitter), solve_a=bool(solve_a), max_iter=INNER_MAX_ITER, tol=INNER_TOL,
+        with_grad=bool(with_grad),
     )
     _warn_jitter(extra, codes, params, Z)
     info = {"inner_iterations": iters, "inner_residual": resid, "inner_converged": converged}
@@ -94,7 +94,7 @@ def mf_posterior(kernel, Z, X, y, a, *, jitter=1e-6):
     q_sqrt : ndarray [M, M], lower triangular
     """
     codes, params = kernel._spec(Z.shape[1])
-    q_mu, q_sqrt, extra = _core.svgp.mf_posterior(codes, params, Z, X, y, a, float(jitter))
+    q_mu, q_sqrt, extra = _core.svgp.mf_posterior(codes, params, Z=Z, X=X, y=y, a=a, jitter=float(jitter))
     _warn_jitter(extra, codes, params, Z)
     return q_mu, q_sqrt
 
@@ -161,7 +161,7 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
     solve(False)
 
     n_Z = M * D if train_Z else 0
-    # Z in units of the spread of its columns (as in _svgp_optim.Packer): steps independent of
+    # Z in units of the spread of its columns (as in svgp._optim.Packer): steps independent of
     # the scale of the features.
     z_scale = column_spread(Z)
 
@@ -231,7 +231,7 @@ def check_estimator_params(estimator):
     if not estimator._is_probit():
         what = f"likelihood={estimator.likelihood!r}" if is_classifier(estimator) else "SVGPRegressor"
         raise ValueError(
-            "method='mf' (seed 000 section 3.1) rests on the probit augmentation of eq. (9); "
+            "method='mf' (Hensman, Matthews & Ghahramani 2015 section 3.1) rests on the probit augmentation of eq. (9); "
             f"it needs SVGPClassifier with the probit likelihood, not {what}. Use method='kl'."
         )
     if estimator.optimizer not in ("auto", "lbfgs") or estimator.batch_size != "auto":

@@ -101,9 +101,9 @@ class SVGP:
         """
         (codes, params), lik = self.core_hyper() if hyper is None else hyper
         value, _, _, extra, g = _core.svgp.elbo(
-            codes, params, *lik, self.Z, self.q_mu, self.q_sqrt,
-            self.whiten, X, y, float(scale), self.jitter, bool(with_grad), natural=bool(natural),
-            prior_mean=self.prior_mean,
+            codes, params, *lik, Z=self.Z, q_mu=self.q_mu, q_sqrt=self.q_sqrt,
+            whiten=self.whiten, X=X, y=y, scale=float(scale), jitter=self.jitter,
+            with_grad=bool(with_grad), natural=bool(natural), prior_mean=self.prior_mean,
         )
         self._warn_jitter(extra, codes, params)
         if not with_grad:
@@ -153,7 +153,7 @@ class SVGP:
         """Mean and variance of q(f) at Xnew [T, D]: [T] each (L = 1) or [T, L]; O(M^2) per point."""
         codes, params = self.kernel._spec(self.Z.shape[1])
         mean, var, extra = _core.svgp.predict_f(
-            codes, params, self.Z, self.q_mu, self.q_sqrt, self.whiten, Xnew, self.jitter,
+            codes, params, Z=self.Z, q_mu=self.q_mu, q_sqrt=self.q_sqrt, whiten=self.whiten, Xnew=Xnew, jitter=self.jitter,
             prior_mean=self.prior_mean,
         )
         self._warn_jitter(extra, codes, params)

@@ -6,7 +6,7 @@ an optimum from one that is Adam's own.
 Everything here maximises the ELBO of a :class:`pygpfast.svgp.SVGP` model in place; the
 estimators in :mod:`pygpfast.svgp` choose among these and report progress.
 
-Natural gradients (seed 001 section 4.2; Hensman, Fusi & Lawrence 2013). For each latent
+Natural gradients (Hensman, Fusi & Lawrence 2013, section 4.2). For each latent
 function, q = N(m, S) has canonical parameters theta = (S^-1 m, -S^-1 / 2) and expectation
 parameters eta = (m, S + m m^T); the natural gradient of the ELBO in theta is its ordinary
 gradient in eta. With ELBO = ELL(m, S) - KL[q || N(0, P^-1)] (P = I whitened, Kzz^-1
@@ -208,7 +208,7 @@ class Adam:
 
 
 class Adadelta:
-    """Adadelta (Zeiler 2012) with a step rate, as in climin (the optimiser of seed 000's
+    """Adadelta (Zeiler 2012) with a step rate, as in climin (the optimiser of Hensman, Matthews & Ghahramani's
     MNIST experiment, step rate 0.1): x -= rate * RMS[dx] / RMS[g] * g, with climin's offset
     eps = 1e-4 inside both RMS and decay 0.9."""
 
@@ -519,7 +519,7 @@ def natural_gap(model, passes, n_total, max_halvings=3, min_step=1e-9):
 
 
 def fit_lbfgs(model, X, t, *, train_Z, train_hyper, max_iter, tol, report):
-    """Full-batch L-BFGS-B on the ELBO with the paper's schedule (seed 000 section 5: "freezing
+    """Full-batch L-BFGS-B on the ELBO with the paper's schedule (Hensman, Matthews & Ghahramani 2015 section 5: "freezing
     the kernel hyper parameters at the beginning of optimization and then unfreezing them once
     a reasonable set of variational parameters has been attained").
 

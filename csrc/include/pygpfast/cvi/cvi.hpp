@@ -60,11 +60,11 @@
 // with V_l and with W_l (formed once per step in B's lower triangle); 12 to 41 products (most
 // 20 to 30) reach the relative residual 1e-9. Then dalpha = g^m - alpha + F_mm dm + F_mv dv.
 // The step is taken whole: it aims at the bound after the sweep, not at the old lambda. It is
-// tried once an iteration has gained at least 5% of the one before (cvi.cpp), and from there on
-// in every iteration; for the separable bounds not from warm starts (whose sweeps move few
-// sites, where after a coupled step all move). A coupled iteration ends the run on its own gain
-// only: the sites' estimate of the next gain (sweep_gain_estimate) assumes means at their
-// optimum for the current lambda, which only Newton's steps leave. An iteration whose
+// tried once an iteration has gained at least 5% of the one before (inference.cpp), and from
+// there on in every iteration; for the separable bounds not from warm starts (whose sweeps
+// move few sites, where after a coupled step all move). A coupled iteration ends the run on
+// its own gain only: the sites' estimate of the next gain (sweep_gain_estimate) assumes means
+// at their optimum for the current lambda, which only Newton's steps leave. An iteration whose
 // sweep ends below the previous bound is undone (means included) and run as Algorithm 1's, and
 // after two such (or a GMRES that does not converge) the run goes on with Algorithm 1 alone.
 // F_mm is d2m (these bounds are Gaussian expectations: df/dv = d2f/dm2 / 2), and F_mv and F_vv
@@ -194,15 +194,15 @@ struct Options {
   int max_iter = 200;          // outer iterations (sweep + Newton on m)
   double tol = 1e-10;          // stop when an outer iteration raises the bound by less than
                                //   tol * max(1, |bound|), or when the site residuals predict
-                               //   less than that for the next one (cvi.cpp); a negative tol
-                               //   runs all max_iter iterations
+                               //   less than that for the next one (inference.cpp); a
+                               //   negative tol runs all max_iter iterations
   index_t block_size = 0;      // coordinates per block; 1 = literal rank-one updates (BLAS 2);
-                               //   0 = by the problem's size (cvi.cpp: 32 below 1500 points,
+                               //   0 = by the problem's size (sweep.cpp: 32 below 1500 points,
                                //   64 from there)
   double skip_tol = 0.0;       // a coordinate whose variance would change by at most
                                //   skip_tol * v is left as it is (no rank-one update);
                                //   not for Multinomial, whose Newton steps for the means
-                               //   need lambda = p (cvi.cpp, solve_site)
+                               //   need lambda = p (sweep.cpp, solve_site)
   int max_newton = 30;         // Newton iterations for m per outer iteration
   int max_damping = 8;         // halvings of rho for a sweep that lowers the bound
   bool record_history = true;  // fill Result::history

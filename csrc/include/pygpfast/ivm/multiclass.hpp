@@ -60,7 +60,7 @@ double projection_objective(int C, const double* A, const double* A_hat, const d
                             double* hessian);
 
 // ---- Greedy selection (seed Algorithm 1, note section 3) ----
-struct SelectOptions {
+struct MulticlassSelectOptions {
   int num_classes = 0;
   index_t active_size = 0;      // d, 1 <= d <= n
   index_t n_random = 2;         // first inclusions picked at random (>= 1 recommended)
@@ -94,7 +94,7 @@ struct Selection {
 // for scoring, O(n C d) for the gemv's, O(n C^2 d) for the coupled stub refresh (a fused pass),
 // O(C d^2) for the small representation, plus n C kernel values.
 Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, const double* y, const double* beta,
-                            const SelectOptions& options);
+                            const MulticlassSelectOptions& options);
 
 // ---- Prediction (note 2.7): O(C d^2 + C^2 d) per test point after an O(C d^3) set-up ----
 // mean [T, C], cov [T, C, C] (may be null), prob [T, C] = E[softmax(u + beta)] by the rule
@@ -104,7 +104,7 @@ void multiclass_predict(const ClassKernels& kernels, int num_classes, ConstMatri
                         double* cov, double* prob);
 
 // ---- Seed section-4 bound with I and the sites (b_I, pi_I) fixed (note 2.8) ----
-struct BoundResult {
+struct MulticlassBoundResult {
   double value = 0.0;          // expected_nll + kl >= -log P(y | theta)
   double expected_nll = 0.0;   // sum_j E_{N(h_j, A_j)}[-log P(y_j | u)] over all n points, by the rule
   double kl = 0.0;             // D[Q(u_I) || P(u_I)]
@@ -113,7 +113,7 @@ struct BoundResult {
 // d_kernel: null, or one pointer per kernel in `kernels` to num_params() doubles (overwritten);
 // d_beta [C] (null or overwritten). Gradients are those of the rule's formula (exact for it).
 // Cost: O(n C d^2 + n C^2 d + n N_q C^2) plus kernel values and vjps.
-BoundResult multiclass_bound(const ClassKernels& kernels, int num_classes, ConstMatrixView X, const double* y,
+MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int num_classes, ConstMatrixView X, const double* y,
                              const index_t* active, index_t d, const double* pi, const double* b,
                              const double* beta, CubatureRule rule, const std::vector<double*>* d_kernel,
                              double* d_beta);

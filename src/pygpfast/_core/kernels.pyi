@@ -1,0 +1,20 @@
+"""pygpfast._core.kernels: kernel matrices and their vector-Jacobian products."""
+
+import numpy as np
+from numpy.typing import NDArray
+
+F64 = NDArray[np.float64]
+
+def K(codes: NDArray[np.int32], params: F64, X: F64, X2: F64 | None) -> F64: ...
+def Kdiag(codes: NDArray[np.int32], params: F64, X: F64) -> F64: ...
+def K_vjp(
+    codes: NDArray[np.int32],
+    params: F64,
+    X: F64,
+    X2: F64 | None,
+    G: F64,
+    want_dX: bool = False,
+    want_dX2: bool = False,
+    values: F64 | None = None,
+) -> tuple[F64, F64 | None, F64 | None]: ...
+def Kdiag_vjp(codes: NDArray[np.int32], params: F64, X: F64, g: F64) -> F64: ...

@@ -1,0 +1,13 @@
+"""pygpfast._core.linalg: Cholesky with jitter escalation, triangular solves, rank-one updates."""
+
+import numpy as np
+from numpy.typing import NDArray
+
+F64 = NDArray[np.float64]
+
+def cholesky(
+    A: F64, initial_relative_jitter: float = 1e-10, max_relative_jitter: float = 1e-4
+) -> tuple[F64, float]: ...
+def solve_lower(L: F64, B: F64, transpose: bool = False) -> F64: ...
+def cholesky_update(L: F64, x: F64) -> F64: ...
+def cholesky_downdate(L: F64, x: F64) -> F64: ...
