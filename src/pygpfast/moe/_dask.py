@@ -50,7 +50,9 @@ def run_chunks(client, X, Xs, y, cfg, chunks, needed=None):
     order of `chunks`, computed on the client's workers: the log weights come back first, and
     the state (:func:`._engine.fit_chunk`'s dict) only of the samples where ``needed(log
     weights)`` is true (all when `needed` is None), selected on the worker."""
-    X_f, Xs_f, y_f = client.scatter([X, Xs, y], broadcast=True)
+    # (hash=False: keys of their own; content-hashed keys are shared with an earlier fit on the
+    # same arrays, whose release at its end could race with this fit's use)
+    X_f, Xs_f, y_f = client.scatter([X, Xs, y], broadcast=True, hash=False)
     futures = [client.submit(_engine.fit_chunk, X_f, Xs_f, y_f, cfg, chunk, pure=False,
                              retries=3) for chunk in chunks]
     try:

@@ -57,7 +57,7 @@ def _fit_call(cfg, X, y, offsets, rows, *, params, noise, mean, optimize):
         cfg.codes, params, X, y, offsets, rows, likelihood=cfg.likelihood, optimize=optimize,
         max_iter=cfg.max_iter, tol=cfg.tol, noise_variance=noise, mean=mean,
         fit_noise=True, fit_mean=cfg.fit_mean and cfg.gaussian, lower=cfg.lower, upper=cfg.upper,
-        scale=1.0, jitter=max(cfg.jitter, 1e-10))
+        scale=1.0, jitter=max(cfg.jitter, 1e-10), max_jitter=max(cfg.jitter, 1e-4))
 
 
 def _shared_theta(cfg, X, y, blocks):
