@@ -36,9 +36,10 @@ finally:
     if _omp_wait_policy is None:
         del _os.environ["OMP_WAIT_POLICY"]
 
-from . import cvi, datasets, kernels, likelihoods, linalg, moe, piecewise
+from . import cvi, datasets, ivm, kernels, likelihoods, linalg, moe, piecewise
 from ._threads import get_num_threads, set_num_threads
 from .cvi import VGPClassifier, VGPPoissonRegressor
+from .ivm import IVMClassifier
 from .moe import ISMOEClassifier, ISMOERegressor
 from .svgp import SVGPClassifier, SVGPRegressor
 
@@ -47,6 +48,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ISMOEClassifier",
     "ISMOERegressor",
+    "IVMClassifier",
     "LinAlgError",
     "NumericalWarning",
     "SVGPClassifier",
@@ -56,6 +58,7 @@ __all__ = [
     "cvi",
     "datasets",
     "get_num_threads",
+    "ivm",
     "kernels",
     "likelihoods",
     "linalg",
