@@ -36,15 +36,18 @@ finally:
     if _omp_wait_policy is None:
         del _os.environ["OMP_WAIT_POLICY"]
 
-from . import cvi, datasets, ivm, kernels, likelihoods, linalg, piecewise, priors
+from . import cvi, datasets, ivm, kernels, likelihoods, linalg, moe, piecewise, priors
 from ._threads import get_num_threads, set_num_threads
 from .cvi import VGPClassifier, VGPPoissonRegressor
 from .ivm import IVMClassifier
+from .moe import ISMOEClassifier, ISMOERegressor
 from .svgp import SVGPClassifier, SVGPRegressor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ISMOEClassifier",
+    "ISMOERegressor",
     "IVMClassifier",
     "LinAlgError",
     "NumericalWarning",
@@ -59,6 +62,7 @@ __all__ = [
     "kernels",
     "likelihoods",
     "linalg",
+    "moe",
     "piecewise",
     "priors",
     "set_num_threads",

@@ -1,0 +1,101 @@
+"""The IS-MOE proposal over partitions (Zhang & Williamson, seed 003, eq. 1; notes/ismoe-math.md
+sections 2 and 6): per importance sample j, a minibatch U_j of B rows, a Gaussian mixture phi_j
+drawn from its Dirichlet x Normal-inverse-Wishart prior, and the labels z_ji ~ Cat(r_i(phi_j)) of
+the rows of U_j; or, for partition="random", uniform labels.
+
+Every draw of sample j comes from its own generator, seeded by (seed, j): a sample's partition
+does not depend on where (thread, process, Dask worker) or with which other samples it is drawn.
+Inputs are standardised (column means and scales of the training X) before the mixture sees them.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import logsumexp
+
+from .._threads import one_blas_thread
+
+_LOG_2PI = float(np.log(2.0 * np.pi))
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Dirichlet x NIW hyperparameters on standardised inputs (note section 2 defaults:
+    mu0 = 0, nu = D + 3, Psi = (nu - D - 1) s^2 I with s^2 = K^(-2/D), lambda = s^2, alpha = 2)."""
+
+    alpha: float
+    nu: float
+    psi: float  # Psi = psi * I
+    lam: float
+
+    @classmethod
+    def default(cls, K, D, alpha=2.0):
+        s2 = float(K) ** (-2.0 / D)
+        nu = D + 3.0
+        return cls(alpha=float(alpha), nu=nu, psi=(nu - D - 1.0) * s2, lam=s2)
+
+
+def sample_generator(seed, j):
+    """The generator of importance sample j."""
+    return np.random.default_rng([int(seed), int(j)])
+
+
+def draw_mixture(rng, K, D, prior):
+    """phi ~ Dir(alpha 1_K) x prod_k NIW: (log_pi [K], mu [K, D], R [K, D, D]) with R_k the lower
+    Cholesky factor of the precision Gamma_k^-1 (Bartlett: Gamma_k^-1 ~ Wishart(Psi^-1, nu))."""
+    log_pi = np.log(np.maximum(rng.dirichlet(np.full(K, prior.alpha)), 1e-300))
+    R = np.zeros((K, D, D))
+    mu = np.empty((K, D))
+    il = np.tril_indices(D, -1)
+    scale = 1.0 / np.sqrt(prior.psi)
+    for k in range(K):
+        A = np.zeros((D, D))
+        A[np.diag_indices(D)] = np.sqrt(rng.chisquare(prior.nu - np.arange(D)))
+        A[il] = rng.standard_normal(il[0].size)
+        R[k] = A * scale
+        # mu_k ~ N(0, Gamma_k / lambda): Gamma_k = R^-T R^-1, so mu = R^-T z / sqrt(lambda)
+        z = rng.standard_normal(D) / np.sqrt(prior.lam)
+        mu[k] = np.linalg.solve(R[k].T, z)
+    return log_pi, mu, R
+
+
+def log_component_density(Xs, log_pi, mu, R, experts=None):
+    """log pi_k + log N(x | mu_k, Gamma_k) [T, len(experts)] for standardised rows Xs [T, D]."""
+    experts = range(len(log_pi)) if experts is None else experts
+    D = Xs.shape[1]
+    out = np.empty((Xs.shape[0], len(experts)))
+    with one_blas_thread():
+        for c, k in enumerate(experts):
+            u = (Xs - mu[k]) @ R[k]  # (R lower: u_d = sum_e (x - mu)_e R_ed; |u|^2 = (x-mu)^T R R^T (x-mu))
+            out[:, c] = (log_pi[k] + np.sum(np.log(np.diag(R[k]))) - 0.5 * D * _LOG_2PI
+                         - 0.5 * np.einsum("ij,ij->i", u, u))
+    return out
+
+
+@dataclass
+class Sample:
+    """One importance sample's partition: the minibatch rows grouped by expert."""
+
+    blocks: list  # [(expert k, sorted rows int64)] of the non-empty experts, k ascending
+    log_pi: np.ndarray = None  # [K]   (None for the random partition)
+    mu: np.ndarray = None  # [K, D]
+    R: np.ndarray = None  # [K, D, D]
+
+
+def draw_sample(Xs, seed, j, *, K, B, partition, prior):
+    """Sample j's minibatch and partition. Xs [N, D]: the standardised training inputs."""
+    rng = sample_generator(seed, j)
+    N, D = Xs.shape
+    U = np.arange(N, dtype=np.int64) if B >= N else np.sort(rng.choice(N, size=B, replace=False))
+    if partition == "random":
+        z = rng.integers(0, K, size=U.size)
+        phi = (None, None, None)
+    else:
+        phi = draw_mixture(rng, K, D, prior)
+        logr = log_component_density(Xs[U], *phi)
+        logr -= logsumexp(logr, axis=1, keepdims=True)
+        cdf = np.cumsum(np.exp(logr), axis=1)
+        u = rng.random(U.size) * cdf[:, -1]
+        z = np.minimum((cdf < u[:, None]).sum(axis=1), K - 1)
+    blocks = [(k, U[z == k]) for k in range(K) if np.any(z == k)]
+    return Sample(blocks, *phi)
