@@ -4,7 +4,6 @@ random partitions; reproducibility, thread counts, pickling, bad input; the clas
 (equality with threads, a worker lost mid-fit, dask missing)."""
 
 import builtins
-import math
 import pickle
 import sys
 import warnings
@@ -20,6 +19,8 @@ import pygpfast
 from pygpfast import ISMOEClassifier, ISMOERegressor
 from pygpfast.kernels import RBF
 from pygpfast.moe import _psis
+
+from blas_rounding import assert_same
 
 
 def _data(n=120, seed=0, D=1):
@@ -216,7 +217,7 @@ def test_same_random_state_same_fit_bitwise_and_thread_invariance(restore_thread
         outs.append((m.log_weights_, *m.predict(X[:20], return_std=True)))
     for o in outs[1:]:
         for a, b in zip(outs[0], o):
-            np.testing.assert_array_equal(a, b)
+            assert_same(a, b)
     m2 = _quiet(ISMOERegressor(n_experts=3, n_samples=5, batch_size=100, random_state=8), X, y)
     assert not np.array_equal(m2.log_weights_, outs[0][0])
 
@@ -359,19 +360,19 @@ def test_dask_equals_threads_bitwise(dask_cluster):
     kw = dict(n_experts=3, n_samples=8, batch_size=120, samples_per_iteration=2, random_state=4)
     threads = _quiet(ISMOERegressor(**kw), X, y)
     dask = _quiet(ISMOERegressor(client=client, **kw), X, y)
-    np.testing.assert_array_equal(dask.log_weights_, threads.log_weights_)
-    np.testing.assert_array_equal(dask.history_, threads.history_)
+    assert_same(dask.log_weights_, threads.log_weights_)
+    assert_same(dask.history_, threads.history_)
     for a, b in zip(dask.predict(X, return_std=True), threads.predict(X, return_std=True)):
-        np.testing.assert_array_equal(a, b)
+        assert_same(a, b)
     # the current client, with backend='dask'; the classifier too
     yc = (y > 0).astype(int)
     kc = dict(n_experts=2, n_samples=4, samples_per_iteration=1, random_state=0)
     a = _quiet(ISMOEClassifier(backend="dask", **kc), X, yc)
     b = _quiet(ISMOEClassifier(**kc), X, yc)
-    np.testing.assert_array_equal(a.predict_proba(X), b.predict_proba(X))
+    assert_same(a.predict_proba(X), b.predict_proba(X))
     # a fitted model keeps no client in its state, and pickles with client=None
     est = pickle.loads(pickle.dumps(dask.set_params(client=None)))
-    np.testing.assert_array_equal(est.predict(X), threads.predict(X))
+    assert_same(est.predict(X), threads.predict(X))
 
 
 def test_dask_survives_a_lost_worker(dask_cluster):
@@ -391,6 +392,6 @@ def test_dask_survives_a_lost_worker(dask_cluster):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got = ISMOERegressor(client=client, **kw).fit(X, y)
-    np.testing.assert_array_equal(got.log_weights_, ref.log_weights_)
-    np.testing.assert_array_equal(got.predict(X), ref.predict(X))
+    assert_same(got.log_weights_, ref.log_weights_)
+    assert_same(got.predict(X), ref.predict(X))
     client.wait_for_workers(2, timeout=30)

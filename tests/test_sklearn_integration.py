@@ -20,6 +20,7 @@ from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_info
 
 import pygpfast._core
+from blas_rounding import EXACT
 import pygpfast.svgp
 import pygpfast._base._start
 from pygpfast import SVGPClassifier, SVGPRegressor, VGPClassifier, VGPPoissonRegressor
@@ -150,8 +151,14 @@ def test_process_backend_grid_search_and_a_model_loaded_in_a_fresh_process(tmp_p
         "X = np.load(d + '/X.npy')\n"
         f"for i in range({len(models)}):\n"
         "    m = joblib.load(f'{d}/{i}.joblib')\n"
-        "    assert np.array_equal(m.predict(X), np.load(f'{d}/{i}.npy', allow_pickle=True)), i\n"
+        "    p, ref = m.predict(X), np.load(f'{d}/{i}.npy', allow_pickle=True)\n"
+        "    same = (np.array_equal(p, ref) if exact or p.dtype.kind != 'f'\n"
+        "            else np.allclose(p, ref, rtol=1e-9, atol=0))\n"
+        "    assert same, i\n"
     )
+    # (bitwise where the BLAS can be held to one thread; at the floors' OpenBLAS 0.3.21 the
+    # predictive factors recomputed after loading round with the fresh process's BLAS threads)
+    code = f"exact = {EXACT}\n" + code
     # (the same pygpfast as this session, installed or built in place: from the checkout's
     # root, `python -c` would import the source tree, which has no compiled core when installed)
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(pygpfast.__file__)))
