@@ -18,7 +18,7 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 import pygpfast
 from pygpfast.kernels import Kernel
 
-from blas_rounding import assert_same
+from blas_rounding import EXACT, assert_same
 
 #: (id, factory(**kw) -> estimator, task); task in "binary", "multiclass", "regression", "counts".
 ESTIMATORS = [
@@ -184,7 +184,7 @@ def test_the_thread_count_changes_nothing(case, restore_threads):
         fits.append((est.objective_, _outputs(est, X)))
     # (to rounding: the mean-field SVGP and the joint IVM's gradients sum in a thread-dependent
     # order; the families' own tests check bitwise equality where it holds)
-    assert_same(fits[0][0], fits[1][0], rtol=1e-8, bitwise=False)
+    assert_same(fits[0][0], fits[1][0], rtol=1e-8 if EXACT else 1e-5, bitwise=False)
     for u, v in zip(fits[0][1], fits[1][1]):
         assert_same(u, v, bitwise=False)
 
