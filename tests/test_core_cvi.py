@@ -1,31 +1,15 @@
 """The concave variational inference core (seed 004) against dense numpy/scipy references."""
 
-import dataclasses
 import numpy as np
 import pytest
 from scipy import integrate, optimize, special
 
 import pygpfast
 from pygpfast import LinAlgError, _core, cvi
+from latent_major import infer as _infer, oa_objective as _oa_objective
 from pygpfast.kernels import RBF, White
 from pygpfast.piecewise import llp_bound
 
-
-def _T(x):
-    return None if x is None else np.asarray(x, dtype=float).T
-
-
-def _infer(Sigma, y, lb, *, alpha=None, lambda_=None, **kw):
-    """cvi.infer with its latent arrays latent-major [L, N], as this file's dense references
-    (tests/dense.py) take them; the API's are [N, L]."""
-    r = cvi.infer(Sigma, y, lb, alpha=_T(alpha), lambda_=_T(lambda_), **kw)
-    return dataclasses.replace(r, alpha=r.alpha.T, lambda_=r.lambda_.T)
-
-
-def _oa_objective(Sigma, y, lb, alpha, lambda_, **kw):
-    """cvi.oa_objective, latent-major as _infer."""
-    value, da, dl = cvi.oa_objective(Sigma, y, lb, _T(alpha), _T(lambda_), **kw)
-    return value, da.T, dl.T
 
 B20 = llp_bound(20)
 

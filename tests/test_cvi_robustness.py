@@ -1,7 +1,6 @@
 """VGPClassifier and VGPPoissonRegressor on adversarial but plausible inputs: large counts and
 prior variances, features in any units, tiny class probabilities, bad parameters."""
 
-import dataclasses
 import warnings
 
 import numpy as np
@@ -10,24 +9,9 @@ from scipy import special
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from pygpfast import LinAlgError, VGPClassifier, VGPPoissonRegressor, cvi
+from latent_major import infer as _infer, oa_objective as _oa_objective
 from pygpfast.kernels import RBF, Linear
 
-
-def _T(x):
-    return None if x is None else np.asarray(x, dtype=float).T
-
-
-def _infer(Sigma, y, lb, *, alpha=None, lambda_=None, **kw):
-    """cvi.infer with its latent arrays latent-major [L, N], as this file's dense references
-    (tests/dense.py) take them; the API's are [N, L]."""
-    r = cvi.infer(Sigma, y, lb, alpha=_T(alpha), lambda_=_T(lambda_), **kw)
-    return dataclasses.replace(r, alpha=r.alpha.T, lambda_=r.lambda_.T)
-
-
-def _oa_objective(Sigma, y, lb, alpha, lambda_, **kw):
-    """cvi.oa_objective, latent-major as _infer."""
-    value, da, dl = cvi.oa_objective(Sigma, y, lb, _T(alpha), _T(lambda_), **kw)
-    return value, da.T, dl.T
 
 
 @pytest.mark.parametrize("seed", [0, 3])
