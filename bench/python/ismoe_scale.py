@@ -17,7 +17,6 @@ Usage: python bench/python/ismoe_scale.py [--full] [--threads 2] [--skip grid,hi
 import argparse
 import resource
 import time
-import warnings
 
 import numpy as np
 from scipy.stats import norm
@@ -58,7 +57,7 @@ def grid(args, out):
                      "blocks": J * K})
         print(rows[-1], flush=True)
     out["grid"] = {"n_train": n_train, "n_test": len(yt), "lengthscale0": med, "rows": rows}
-    print(f"\n10 000 x 100 synthetic (2000 test rows): fit time against K, J, B")
+    print("\n10 000 x 100 synthetic (2000 test rows): fit time against K, J, B")
     print(common.table(rows, list(rows[0])))
 
 

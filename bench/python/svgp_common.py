@@ -4,7 +4,6 @@ Data from ``../shared/data`` (the Rätsch sets and USPS), hold-out scores throug
 estimator API, fits that record their warnings, and the run context (machine, versions, load).
 """
 
-import os
 import time
 import warnings
 from pathlib import Path

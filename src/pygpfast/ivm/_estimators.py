@@ -22,7 +22,6 @@ and the predictions are the compiled core's (``pygpfast._core.ivm``).
 """
 
 import copy
-import numbers
 
 import numpy as np
 import scipy.linalg
@@ -38,7 +37,7 @@ from .. import kernels as _kernels
 from .._base import _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._optimize import lbfgs
-from .._base._params import BOOL, COMMON, NONE, Interval, Options
+from .._base._params import BOOL, COMMON, Interval, Options
 from .._validation import array_of_matrix
 from ..exceptions import warn_at_caller
 
