@@ -28,9 +28,9 @@ A hyperparameter whose prior the user set (``kernel.priors``, None for flat incl
 
 import numpy as np
 
-from .. import kernels as _kernels
 from ..priors import LogNormal
 from . import _diagnose
+from ._start import stationary_leaves
 
 #: Standard deviation of log l (Hvarfner, Hellsten & Nardi 2024).
 LENGTHSCALE_SCALE = float(np.sqrt(3.0))
@@ -75,25 +75,14 @@ def attach_default_priors(kernel, X, scale=1.0):
             loc = float(np.mean(reference)) + LENGTHSCALE_OFFSET
         return LogNormal(loc, LENGTHSCALE_SCALE)
 
-    def attach(k, variance_loc):
-        if isinstance(k, _kernels._Stationary):
-            priors = dict(k.priors)
-            if "lengthscale" not in priors:
-                priors["lengthscale"] = lengthscale_prior(k.lengthscale)
-            if "variance" not in priors:
-                priors["variance"] = LogNormal(variance_loc, VARIANCE_SCALE)
-            k.priors = priors
-            return True
-        if isinstance(k, _kernels.Product):
-            seen = False
-            for term in k.kernels:
-                seen = attach(term, 0.0 if seen else variance_loc) or seen
-            return seen
-        if isinstance(k, _kernels.Sum):
-            return any([attach(term, variance_loc) for term in k.kernels])
-        return False
-
-    attach(kernel, float(np.log(scale)))
+    for leaf, carries_variance in stationary_leaves(kernel):
+        priors = dict(leaf.priors)
+        if "lengthscale" not in priors:
+            priors["lengthscale"] = lengthscale_prior(leaf.lengthscale)
+        if "variance" not in priors:
+            priors["variance"] = LogNormal(float(np.log(scale)) if carries_variance else 0.0,
+                                           VARIANCE_SCALE)
+        leaf.priors = priors
     return kernel
 
 

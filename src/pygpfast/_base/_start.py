@@ -73,6 +73,22 @@ def diagnosis_sample(X, max_rows=2000):
     return np.ascontiguousarray(X[_diagnose._query_rows(X.shape[0], max_rows)], dtype=np.float64)
 
 
+def stationary_leaves(kernel, carries_variance=True):
+    """[(leaf, carries_variance)] for the stationary leaves of `kernel` in order. In a product
+    only the stationary leaves of its first term that has any carry the product's variance (the
+    others' variances multiply into it); each term of a sum carries its own."""
+    if isinstance(kernel, _kernels._Stationary):
+        return [(kernel, carries_variance)]
+    if isinstance(kernel, _kernels.Product):
+        pairs = []
+        for term in kernel.kernels:
+            pairs += stationary_leaves(term, carries_variance and not pairs)
+        return pairs
+    if isinstance(kernel, _kernels.Sum):
+        return [pair for term in kernel.kernels for pair in stationary_leaves(term, carries_variance)]
+    return []
+
+
 def data_scaled_kernel(kernel, X, random_state, variance=1.0):
     """A copy of `kernel` started where the default kernel starts (:func:`default_kernel`):
     each stationary leaf with the median-distance lengthscales (their geometric mean for an
@@ -85,29 +101,17 @@ def data_scaled_kernel(kernel, X, random_state, variance=1.0):
     reference = default_kernel(X, random_state, variance).lengthscale
     scaled = copy.deepcopy(kernel)
 
-    def assign(k, var):
-        if isinstance(k, _kernels._Stationary):
-            k.lengthscale = (reference if np.ndim(k.lengthscale)
-                             else float(np.exp(np.mean(np.log(reference)))))
-            k.variance = var
-            return True
-        if isinstance(k, _kernels.Product):
-            seen = False
-            for term in k.kernels:
-                seen = assign(term, 1.0 if seen else var) or seen
-            return seen
-        if isinstance(k, _kernels.Sum):
-            return any([assign(term, var) for term in k.kernels])
-        return False
-
-    assign(scaled, variance)
+    for leaf, carries_variance in stationary_leaves(scaled):
+        leaf.lengthscale = (reference if np.ndim(leaf.lengthscale)
+                            else float(np.exp(np.mean(np.log(reference)))))
+        leaf.variance = variance if carries_variance else 1.0
     return scaled
 
 
 def has_stationary_leaf(kernel):
     """Whether `kernel` has a stationary leaf, whose lengthscales and variance a second search
     can start from the data's scale (:func:`data_scaled_kernel`)."""
-    return any(isinstance(leaf, _kernels._Stationary) for leaf in _kernels._leaves(kernel))
+    return bool(stationary_leaves(kernel))
 
 
 def second_start(start, X, random_state, variance=1.0):
