@@ -53,6 +53,35 @@ void check_marginals(const py::array& h, const py::array& A, index_t& m, int& C)
   if (C < 2) throw std::invalid_argument("C must be >= 2");
 }
 
+const double* beta_or_zero(const py::object& beta, int C, std::vector<double>& storage);
+
+// The per-point routines' inputs, checked: cavities N(h [m, C], A [m, C, C]) with A's Cholesky
+// factors L [m, C, C], labels y [m] in 0..C-1, intercepts beta [C] (None: 0) and the rule.
+struct PointBatch {
+  index_t m = 0;
+  int C = 0;
+  const double* h = nullptr;
+  const double* y = nullptr;
+  std::vector<double> beta, L;
+  ivm::Cubature rule;
+
+  PointBatch(const py::array& h_, const py::array& A, const py::array& y_, const py::object& beta_, int rule_) {
+    check_marginals(h_, A, m, C);
+    h = static_cast<const double*>(h_.data());
+    y = as_vector(y_, "y", m);
+    for (index_t i = 0; i < m; ++i)
+      if (!(y[i] >= 0 && y[i] < C && y[i] == static_cast<double>(static_cast<int>(y[i]))))
+        throw std::invalid_argument("y must hold class labels 0..C-1");
+    beta_or_zero(beta_, C, beta);
+    const auto* Ap = static_cast<const double*>(A.data());
+    L.assign(static_cast<std::size_t>(m * C * C), 0.0);
+    for (index_t i = 0; i < m; ++i)
+      if (!ivm::small_cholesky(C, Ap + i * C * C, L.data() + i * C * C))
+        throw std::invalid_argument("A must be positive definite");
+    rule = ivm::make_cubature(ivm::cubature_rule_from_int(rule_), C);
+  }
+};
+
 const double* beta_or_zero(const py::object& beta, int C, std::vector<double>& storage) {
   storage.assign(static_cast<std::size_t>(C), 0.0);
   if (beta.is_none()) return storage.data();
@@ -85,34 +114,20 @@ void bind_ivm_multiclass(py::module_& m) {
   m.def(
       "multiclass_tilted",
       [](const py::array& h, const py::array& A, const py::array& y, const py::object& beta, int rule) {
-        index_t mm;
-        int C;
-        check_marginals(h, A, mm, C);
-        const double* yv = as_vector(y, "y", mm);
-        std::vector<double> bs;
-        const double* b = beta_or_zero(beta, C, bs);
-        for (index_t i = 0; i < mm; ++i)
-          if (!(yv[i] >= 0 && yv[i] < C && yv[i] == static_cast<double>(static_cast<int>(yv[i]))))
-            throw std::invalid_argument("y must hold class labels 0..C-1");
-        const auto q = ivm::make_cubature(ivm::cubature_rule_from_int(rule), C);
+        const PointBatch in(h, A, y, beta, rule);
+        const index_t mm = in.m;
+        const int C = in.C;
         auto logZ = new_vector(mm), mean = new_matrix(mm, C), cov = new_array3(mm, C, C), pc = new_matrix(mm, C);
         py::array_t<bool> valid(mm);
-        const auto* hp = static_cast<const double*>(h.data());
-        const auto* Ap = static_cast<const double*>(A.data());
-        bool bad_cov = false;
         {
           py::gil_scoped_release release;
-          std::vector<double> work(static_cast<std::size_t>(ivm::cubature_work_size(q)));
-          for (index_t i = 0; i < mm && !bad_cov; ++i) {
-            std::vector<double> Lt(static_cast<std::size_t>(C * C));
-            if (!ivm::small_cholesky(C, Ap + i * C * C, Lt.data())) bad_cov = true;
-            if (bad_cov) break;
+          std::vector<double> work(static_cast<std::size_t>(ivm::cubature_work_size(in.rule)));
+          for (index_t i = 0; i < mm; ++i)
             valid.mutable_data()[i] = ivm::softmax_tilted_moments(
-                q, static_cast<int>(yv[i]), hp + i * C, Lt.data(), b, mean.mutable_data() + i * C,
-                cov.mutable_data() + i * C * C, pc.mutable_data() + i * C, logZ.mutable_data() + i, work.data());
-          }
+                in.rule, static_cast<int>(in.y[i]), in.h + i * C, in.L.data() + i * C * C, in.beta.data(),
+                mean.mutable_data() + i * C, cov.mutable_data() + i * C * C, pc.mutable_data() + i * C,
+                logZ.mutable_data() + i, work.data());
         }
-        if (bad_cov) throw std::invalid_argument("A must be positive definite");
         py::dict out;
         out["log_Z"] = logZ;
         out["mean"] = mean;
@@ -129,29 +144,17 @@ void bind_ivm_multiclass(py::module_& m) {
   m.def(
       "multiclass_expected_nll",
       [](const py::array& h, const py::array& A, const py::array& y, const py::object& beta, int rule) {
-        index_t mm;
-        int C;
-        check_marginals(h, A, mm, C);
-        const double* yv = as_vector(y, "y", mm);
-        std::vector<double> bs;
-        const double* b = beta_or_zero(beta, C, bs);
-        const auto q = ivm::make_cubature(ivm::cubature_rule_from_int(rule), C);
+        const PointBatch in(h, A, y, beta, rule);
+        const index_t mm = in.m;
+        const int C = in.C;
         auto val = new_vector(mm), gh = new_matrix(mm, C), GA = new_array3(mm, C, C);
-        const auto* hp = static_cast<const double*>(h.data());
-        const auto* Ap = static_cast<const double*>(A.data());
-        std::vector<double> L(static_cast<std::size_t>(mm * C * C), 0.0);
-        for (index_t i = 0; i < mm; ++i) {
-          if (!ivm::small_cholesky(C, Ap + i * C * C, L.data() + i * C * C))
-            throw std::invalid_argument("A must be positive definite");
-          if (!(yv[i] >= 0 && yv[i] < C)) throw std::invalid_argument("y must hold class labels 0..C-1");
-        }
         {
           py::gil_scoped_release release;
-          std::vector<double> work(static_cast<std::size_t>(ivm::cubature_work_size(q)));
+          std::vector<double> work(static_cast<std::size_t>(ivm::cubature_work_size(in.rule)));
           for (index_t i = 0; i < mm; ++i)
-            ivm::softmax_expected_nll(q, static_cast<int>(yv[i]), hp + i * C, L.data() + i * C * C, b,
-                                      val.mutable_data() + i, gh.mutable_data() + i * C, GA.mutable_data() + i * C * C,
-                                      work.data());
+            ivm::softmax_expected_nll(in.rule, static_cast<int>(in.y[i]), in.h + i * C, in.L.data() + i * C * C,
+                                      in.beta.data(), val.mutable_data() + i, gh.mutable_data() + i * C,
+                                      GA.mutable_data() + i * C * C, work.data());
         }
         py::dict out;
         out["value"] = val;
