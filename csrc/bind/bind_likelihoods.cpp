@@ -40,9 +40,9 @@ void bind_likelihoods(py::module_& m) {
 
   m.def(
       "variational_expectations",
-      [](int kind, double variance, int n_gh, int num_classes, const py::array& y, const py::array& mu,
+      [](int kind, double param, int n_gh, int num_classes, const py::array& y, const py::array& mu,
          const py::array& var) {
-        const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
+        const auto lik = make_likelihood(kind, param, n_gh, num_classes);
         const double* yv = as_vector(y, "y");
         const index_t n = y.shape(0);
         const double* muv = latent_array(mu, "mu", lik, n);
@@ -57,26 +57,26 @@ void bind_likelihoods(py::module_& m) {
         }
         return py::make_tuple(f, dmu, dvar, dparam);
       },
-      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"), py::arg("mu"),
+      py::arg("kind"), py::arg("param"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"), py::arg("mu"),
       py::arg("var"),
       "E[log p(y|f)] under f ~ N(mu, var) per point. kind: 0 Gaussian, 1 Bernoulli-probit, "
       "2 Bernoulli-logit, 3 Poisson, 4 softmax (num_classes C >= 2, y in 0..C-1). mu, var: [N], "
       "or [N, C] for the softmax. Returns (f [N], dmu, dvar (the shape of mu), dparam [N]); "
-      "dparam is the derivative in the Gaussian variance (0 for the others).");
+      "dparam is the derivative in param: the Gaussian variance or a Bernoulli label-noise probability (0 for the others).");
 
   m.def(
       "check_labels",
-      [](int kind, double variance, int n_gh, int num_classes, const py::array& y) {
-        const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
+      [](int kind, double param, int n_gh, int num_classes, const py::array& y) {
+        const auto lik = make_likelihood(kind, param, n_gh, num_classes);
         likelihoods::check_labels(lik, as_vector(y, "y"), y.shape(0));
       },
-      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"),
+      py::arg("kind"), py::arg("param"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"),
       "ValueError naming the first label of y [N] outside the likelihood's support.");
 
   m.def(
       "predict_mean_and_var",
-      [](int kind, double variance, int n_gh, int num_classes, const py::array& mu, const py::array& var) {
-        const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
+      [](int kind, double param, int n_gh, int num_classes, const py::array& mu, const py::array& var) {
+        const auto lik = make_likelihood(kind, param, n_gh, num_classes);
         const double* muv = latent_array(mu, "mu", lik);
         const index_t n = mu.shape(0);
         const double* varv = latent_array(var, "var", lik, n);
@@ -88,14 +88,14 @@ void bind_likelihoods(py::module_& m) {
         }
         return py::make_tuple(mean, y_var);
       },
-      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("mu"), py::arg("var"),
+      py::arg("kind"), py::arg("param"), py::arg("n_gh"), py::arg("num_classes"), py::arg("mu"), py::arg("var"),
       "Predictive mean and variance of y at f ~ N(mu, var). Returns (mean [N], var [N]); for the "
       "softmax (mu, var [N, C]): (P(y = c) [N, C], P(y = c) (1 - P(y = c)) [N, C]).");
 
   m.def(
       "predict_log_class_probabilities",
-      [](int kind, double variance, int n_gh, int num_classes, const py::array& mu, const py::array& var) {
-        const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
+      [](int kind, double param, int n_gh, int num_classes, const py::array& mu, const py::array& var) {
+        const auto lik = make_likelihood(kind, param, n_gh, num_classes);
         const double* muv = latent_array(mu, "mu", lik);
         const index_t n = mu.shape(0);
         const double* varv = latent_array(var, "var", lik, n);
@@ -106,14 +106,14 @@ void bind_likelihoods(py::module_& m) {
         }
         return out;
       },
-      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("mu"), py::arg("var"),
+      py::arg("kind"), py::arg("param"), py::arg("n_gh"), py::arg("num_classes"), py::arg("mu"), py::arg("var"),
       "log P(y = c) = log E[softmax_c(f)] at f ~ N(mu, var) [N, C], in log space (softmax only).");
 
   m.def(
       "predict_log_density",
-      [](int kind, double variance, int n_gh, int num_classes, const py::array& y, const py::array& mu,
+      [](int kind, double param, int n_gh, int num_classes, const py::array& y, const py::array& mu,
          const py::array& var) {
-        const auto lik = make_likelihood(kind, variance, n_gh, num_classes);
+        const auto lik = make_likelihood(kind, param, n_gh, num_classes);
         const double* yv = as_vector(y, "y");
         const index_t n = y.shape(0);
         const double* muv = latent_array(mu, "mu", lik, n);
@@ -125,7 +125,7 @@ void bind_likelihoods(py::module_& m) {
         }
         return out;
       },
-      py::arg("kind"), py::arg("variance"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"), py::arg("mu"),
+      py::arg("kind"), py::arg("param"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"), py::arg("mu"),
       py::arg("var"),
       "log of the predictive density of y at f ~ N(mu, var), per point [N] (mu, var: [N], or "
       "[N, C] for the softmax).");

@@ -56,7 +56,7 @@ std::vector<py::ssize_t> shape_of(const py::array& a) { return {a.shape(), a.sha
 void bind_svgp(py::module_& m) {
   m.def(
       "elbo",
-      [](const py::array& codes, const py::array& params, int lik_kind, double lik_variance, int n_gh,
+      [](const py::array& codes, const py::array& params, int lik_kind, double lik_param, int n_gh,
          int num_classes, const py::array& Z, const py::array& q_mu, const py::array& q_sqrt,
          bool whiten, const py::array& X, const py::array& y, double scale, double jitter,
          bool with_grad, bool natural, const std::string& path, bool return_path, const py::object& prior_mean) {
@@ -68,7 +68,7 @@ void bind_svgp(py::module_& m) {
         else if (path != "auto")
           throw std::invalid_argument("path must be 'auto', 'solve' or 'precomputed', got '" + path + "'");
         const kernels::Kernel kernel = make_kernel(codes, params, as_matrix(Z, "Z").cols);
-        const auto lik = make_likelihood(lik_kind, lik_variance, n_gh, num_classes);
+        const auto lik = make_likelihood(lik_kind, lik_param, n_gh, num_classes);
         const auto q = make_variational(Z, q_mu, q_sqrt, whiten, prior_mean);
         svgp::Batch batch;
         batch.X = as_matrix(X, "X");
@@ -89,7 +89,7 @@ void bind_svgp(py::module_& m) {
         }
         g.Z = view_of(d_Z);
         g.kernel = d_kern.mutable_data();
-        g.likelihood_variance = &d_lik;
+        g.likelihood_param = &d_lik;
         g.mean = d_mean.mutable_data();
         svgp::Result r;
         {
@@ -103,14 +103,14 @@ void bind_svgp(py::module_& m) {
                                           r.path == svgp::Path::Precomputed ? "precomputed" : "solve"));
         return py::tuple(py::make_tuple(r.elbo, r.expected_log_lik, r.kl, r.jitter, grads));
       },
-      py::arg("codes"), py::arg("params"), py::arg("lik_kind"), py::arg("lik_variance"),
+      py::arg("codes"), py::arg("params"), py::arg("lik_kind"), py::arg("lik_param"),
       py::arg("n_gh"), py::arg("num_classes"), py::kw_only(), py::arg("Z"), py::arg("q_mu"), py::arg("q_sqrt"),
       py::arg("whiten"), py::arg("X"), py::arg("y"), py::arg("scale"), py::arg("jitter"),
       py::arg("with_grad"), py::arg("natural") = false, py::arg("path") = "auto",
       py::arg("return_path") = false, py::arg("prior_mean") = py::none(),
       "SVGP ELBO on a minibatch, for q_mu [M] and q_sqrt [M, M] (one latent function) or q_mu [M, L] "
       "and q_sqrt [L, M, M]. Returns (elbo, expected_log_lik, kl, extra_jitter, grads) with grads = "
-      "(d_q_mu, d_q_sqrt (shaped like their inputs), d_Z [M, D], d_kernel [P], d_lik_variance, d_mean [L]) "
+      "(d_q_mu, d_q_sqrt (shaped like their inputs), d_Z [M, D], d_kernel [P], d_lik_param, d_mean [L]) "
       "or None; prior_mean [L] (or None: zero) is the latent functions' constant prior mean. "
       "With natural=True the first two are instead d ELL / d m and d ELL / d S (symmetric, shaped like "
       "q_sqrt) of the scaled expected log-likelihood alone, in q's coordinates (v when whitened, u "

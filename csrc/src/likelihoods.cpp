@@ -105,6 +105,41 @@ struct NormalQuadrature {
   }
 };
 
+// Label noise on a Bernoulli link p0 (Kim & Ghahramani 2008): with probability 2 epsilon the
+// label is drawn at random, p(y | f) = epsilon + (1 - 2 epsilon) p0(y | f), epsilon in [0, 1/2).
+// In log space, log p = logaddexp(log(1 - 2 epsilon) + log p0, log epsilon), finite however small
+// p0 is. With the responsibility r = (1 - 2 epsilon) p0 / p in [0, 1] and z = s f:
+//   d log p / dz = r d log p0 / dz,
+//   d2 log p / dz2 = r d2 log p0 / dz2 + r (1 - r) (d log p0 / dz)^2,
+//   d log p / d epsilon = (1 - 2 p0) / p = 1 / p - 2 r / (1 - 2 epsilon)  (at most 1 / epsilon).
+// epsilon = 0 is the plain link (active() false: the callers skip every step of it).
+struct LabelNoise {
+  double epsilon, log_epsilon, log_keep;
+
+  explicit LabelNoise(double eps)
+      : epsilon(eps), log_epsilon(std::log(eps)), log_keep(vmath::log1p(-2.0 * eps)) {}
+  bool active() const { return epsilon > 0.0; }
+
+  // (log p0, d log p0 / dz) in place to (log p, d log p / dz), and r.
+  void mix(double& log_p, double& d1, double& r) const {
+    const double a = log_keep + log_p;
+    const double hi = std::max(a, log_epsilon), lo = std::min(a, log_epsilon);
+    log_p = hi + vmath::log1p(std::exp(lo - hi));
+    r = std::exp(a - log_p);
+    d1 *= r;
+  }
+  double d_epsilon(double log_p, double r) const { return std::exp(-log_p) - 2.0 * r / (1.0 - 2.0 * epsilon); }
+  // log p given log p0 (predictions).
+  double log_density(double log_p0) const {
+    if (!active()) return log_p0;
+    const double a = log_keep + log_p0;
+    const double hi = std::max(a, log_epsilon), lo = std::min(a, log_epsilon);
+    return hi + vmath::log1p(std::exp(lo - hi));
+  }
+  // p given p0 (predictions).
+  double density(double p0) const { return epsilon + (1.0 - 2.0 * epsilon) * p0; }
+};
+
 // Where the var-derivative takes Price's form (see bernoulli_block): variances below
 // kPriceVariance, and node spacings sqrt(2 var) below kPriceRelativeSpacing |mu|.
 constexpr double kPriceVariance = 1e-10;
@@ -129,12 +164,16 @@ constexpr double kPriceRelativeSpacing = 1e-4;
 // block 4.2 ns, now 3.7; 20 nodes, AVX-512, Zen 4.)
 constexpr index_t kPointsPerBlock = 16;
 
-PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const double* x, const double* w, int n_gh,
-                                          const double* y, const double* mu, const double* var,
-                                          index_t count, double* value, double* dmu, double* dvar) {
+PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const LabelNoise& noise, const double* x, const double* w,
+                                          int n_gh, const double* y, const double* mu, const double* var,
+                                          index_t count, double* value, double* dmu, double* dvar,
+                                          double* dparam) {
   double z[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];
   double v0[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // log p
   double v1[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];  // d log p / d(s f)
+  // With label noise: the link's own d log p0 / d(s f) and the responsibility r (see LabelNoise).
+  double link_v1[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];
+  double resp[kPointsPerBlock * quadrature::kMaxGaussHermitePoints];
   double sign[kPointsPerBlock], scale[kPointsPerBlock];
   const index_t n = count * n_gh;
   for (index_t p = 0; p < count; ++p) {
@@ -153,6 +192,12 @@ PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const double* x, const do
       const SigmoidPair sp = sigmoid_pair(z[i]);
       v0[i] = sp.log_of_z;
       v1[i] = sp.of_minus_z;
+    }
+  }
+  if (noise.active()) {
+    for (index_t i = 0; i < n; ++i) {
+      link_v1[i] = v1[i];
+      noise.mix(v0[i], v1[i], resp[i]);
     }
   }
   double e[kPointsPerBlock] = {}, g[kPointsPerBlock] = {}, gx[kPointsPerBlock] = {};
@@ -175,23 +220,34 @@ PYGPFAST_SIMD_CLONES void bernoulli_block(bool probit, const double* x, const do
     } else {
       double h = 0.0;  // sum_k w_k d2(f_k)
       for (int k = 0; k < n_gh; ++k) {
-        const double zk = z[k * count + p], a1 = v1[k * count + p];
-        h += w[k] * (probit ? log_normal_cdf_curvature(zk, a1) : -sigmoid_pair(zk).of_z * a1);
+        const index_t i = k * count + p;
+        const double zk = z[i], a1 = noise.active() ? link_v1[i] : v1[i];
+        const double d2 = probit ? log_normal_cdf_curvature(zk, a1) : -sigmoid_pair(zk).of_z * a1;
+        h += w[k] * (noise.active() ? resp[i] * d2 + resp[i] * (1.0 - resp[i]) * a1 * a1 : d2);
       }
       dvar[p] = 0.5 * h;
     }
   }
+  if (dparam == nullptr) return;
+  for (index_t p = 0; p < count; ++p) {
+    double d = 0.0;  // sum_k w_k d log p(f_k) / d epsilon
+    if (noise.active())
+      for (int k = 0; k < n_gh; ++k) d += w[k] * noise.d_epsilon(v0[k * count + p], resp[k * count + p]);
+    dparam[p] = d;
+  }
 }
 
 void bernoulli_expectations(const Likelihood& lik, const double* y, const double* mu, const double* var,
-                            index_t n, double* value, double* dmu, double* dvar) {
+                            index_t n, double* value, double* dmu, double* dvar, double* dparam) {
   const NormalQuadrature q(lik.n_gh);
   const bool probit = lik.type == LikelihoodType::BernoulliProbit;
+  const LabelNoise noise(lik.label_noise);
   const index_t blocks = (n + kPointsPerBlock - 1) / kPointsPerBlock;
   for_each_point(blocks, kPointsPerBlock * q.size(), [&](index_t b) {
     const index_t first = b * kPointsPerBlock, count = std::min(kPointsPerBlock, n - first);
-    bernoulli_block(probit, q.x.data(), q.w.data(), q.size(), y + first, mu + first, var + first, count,
-                    value + first, dmu + first, dvar + first);
+    bernoulli_block(probit, noise, q.x.data(), q.w.data(), q.size(), y + first, mu + first, var + first,
+                    count, value + first, dmu + first, dvar + first,
+                    dparam != nullptr ? dparam + first : nullptr);
   });
 }
 
@@ -234,6 +290,10 @@ const char* name_of(LikelihoodType type) {
   return "unknown";
 }
 
+bool is_bernoulli(LikelihoodType type) {
+  return type == LikelihoodType::BernoulliProbit || type == LikelihoodType::BernoulliLogit;
+}
+
 // The name of entry k of an [n, D] array: "x[i]" when D = 1, "x[i, c]" otherwise.
 std::string entry_name(const char* x, index_t k, index_t D) {
   return std::string(x) + "[" + std::to_string(k / D) +
@@ -260,9 +320,11 @@ void validate(const Likelihood& lik) {
               code <= static_cast<int>(LikelihoodType::Softmax),
           "unknown likelihood type ", code,
           " (0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson, 4 softmax)");
-  require(lik.type != LikelihoodType::Gaussian ||
-              (lik.variance > 0.0 && std::isfinite(lik.variance)),
+  require(lik.type != LikelihoodType::Gaussian || (lik.variance > 0.0 && std::isfinite(lik.variance)),
           "the Gaussian likelihood variance must be positive and finite, got ", lik.variance);
+  require(lik.label_noise >= 0.0 && lik.label_noise < 0.5 && (lik.label_noise == 0.0 || is_bernoulli(lik.type)),
+          "the label-noise probability must be in [0, 0.5), and 0 for the ", name_of(lik.type),
+          " likelihood; got ", lik.label_noise);
   if (lik.type == LikelihoodType::Softmax)
     require(lik.num_classes >= 2, "the softmax likelihood needs num_classes >= 2, got ", lik.num_classes);
   else
@@ -344,7 +406,7 @@ void variational_expectations(const Likelihood& lik, const double* y, const doub
       return;
     case LikelihoodType::BernoulliProbit:
     case LikelihoodType::BernoulliLogit:
-      bernoulli_expectations(lik, y, mu, var, n, f, dmu, dvar);
+      bernoulli_expectations(lik, y, mu, var, n, f, dmu, dvar, dparam);
       return;
     case LikelihoodType::Softmax:
       softmax::variational_expectations(lik.num_classes, lik.n_gh, y, mu, var, n, f, dmu, dvar);
@@ -363,17 +425,20 @@ void predict_mean_and_var(const Likelihood& lik, const double* mu, const double*
         variance[i] = var[i] + lik.variance;
       });
       return;
-    case LikelihoodType::BernoulliProbit:
+    case LikelihoodType::BernoulliProbit: {
       // p = Phi(mu / sqrt(1 + var)); p (1 - p) as Phi(g) Phi(-g) keeps digits near 0 and 1.
+      const LabelNoise noise(lik.label_noise);
       for_each_point(n, 1, [&](index_t i) {
         const double g = mu[i] / std::sqrt(1.0 + var[i]);
-        const double p = 0.5 * std::erfc(-g * kInvSqrt2);
-        mean[i] = p;
-        variance[i] = p * 0.5 * std::erfc(g * kInvSqrt2);
+        const double p = 0.5 * std::erfc(-g * kInvSqrt2), q = 0.5 * std::erfc(g * kInvSqrt2);
+        mean[i] = noise.active() ? noise.density(p) : p;
+        variance[i] = noise.active() ? mean[i] * noise.density(q) : p * q;
       });
       return;
+    }
     case LikelihoodType::BernoulliLogit: {
       const NormalQuadrature q(lik.n_gh);
+      const LabelNoise noise(lik.label_noise);
       for_each_point(n, q.size(), [&](index_t i) {
         const double scale = std::sqrt(2.0 * var[i]);
         double p = 0.0, one_minus_p = 0.0;
@@ -381,6 +446,10 @@ void predict_mean_and_var(const Likelihood& lik, const double* mu, const double*
           const SigmoidPair s = sigmoid_pair(mu[i] + scale * q.x[k]);
           p += q.w[k] * s.of_z;
           one_minus_p += q.w[k] * s.of_minus_z;
+        }
+        if (noise.active()) {
+          p = noise.density(p);
+          one_minus_p = noise.density(one_minus_p);
         }
         mean[i] = p;
         variance[i] = p * one_minus_p;
@@ -428,16 +497,19 @@ void predict_log_density(const Likelihood& lik, const double* y, const double* m
         out[i] = -0.5 * (kLog2Pi + std::log(s) + r * r / s);
       });
       return;
-    case LikelihoodType::BernoulliProbit:
+    case LikelihoodType::BernoulliProbit: {
+      const LabelNoise noise(lik.label_noise);  // (log E[p] = log(epsilon + (1 - 2 epsilon) E[p0]))
       for_each_point(n, 1, [&](index_t i) {
-        out[i] = probit_log_density(y[i], mu[i] / std::sqrt(1.0 + var[i]));
+        out[i] = noise.log_density(probit_log_density(y[i], mu[i] / std::sqrt(1.0 + var[i])));
       });
       return;
+    }
     case LikelihoodType::BernoulliLogit: {
       const NormalQuadrature q(lik.n_gh);
+      const LabelNoise noise(lik.label_noise);
       for_each_point(n, q.size(), [&](index_t i) {
-        out[i] = log_expected_density(
-            q, mu[i], var[i], [&](double fk) { return logit_log_density(y[i], fk); });
+        out[i] = noise.log_density(log_expected_density(
+            q, mu[i], var[i], [&](double fk) { return logit_log_density(y[i], fk); }));
       });
       return;
     }

@@ -44,6 +44,16 @@ def _check_n_gh(n_gh):
     return int(n_gh)
 
 
+def _check_label_noise(value):
+    if (
+        not isinstance(value, numbers.Real)
+        or isinstance(value, bool)
+        or not 0.0 <= value < 0.5
+    ):
+        raise ValueError(f"label_noise must be a number in [0, 0.5), got {value!r}")
+    return float(value)
+
+
 def _check_positive(value, name):
     if (
         not isinstance(value, numbers.Real)
@@ -253,30 +263,45 @@ class Gaussian(Likelihood):
 
 
 class Bernoulli(Likelihood):
-    """Binary labels y in {0, 1}, ``p(y = 1 | f) = Phi(f)`` (probit) or ``sigmoid(f)`` (logit).
+    """Binary labels y in {0, 1}, ``p(y = 1 | f) = Phi(f)`` (probit) or ``sigmoid(f)`` (logit),
+    optionally robust to mislabelled points.
 
-    Expectations use Gauss-Hermite quadrature; the derivatives come from the same rule by
-    Bonnet's and Price's theorems. The probit predictive mean is exact,
-    ``Phi(mu / sqrt(1 + var))``. No parameters.
+    With ``label_noise`` epsilon > 0 each label is, with probability 2 epsilon, drawn at random:
+    ``p(y | f) = epsilon + (1 - 2 epsilon) p0(y | f)`` with p0 the link's (Kim & Ghahramani 2008,
+    "Outlier robust Gaussian process classification"). The likelihood then never falls below
+    epsilon, so a point on the wrong side of the boundary costs at most ``-log epsilon`` nats,
+    where the plain link's cost grows without bound (quadratically in f for the probit).
+    GPflow's probit, clipped to [1e-3, 1 - 1e-3], is close to epsilon = 1e-3.
+
+    Expectations use Gauss-Hermite quadrature, computed in log space (finite however small p0
+    is); the derivatives come from the same rule by Bonnet's and Price's theorems. The
+    predictive mean is exact for the probit, ``epsilon + (1 - 2 epsilon) Phi(mu / sqrt(1 + var))``.
+    The likelihood has no trainable parameters: epsilon is fixed.
 
     Parameters
     ----------
     link : {"probit", "logit"}, default "probit"
     n_gh : int, default 20
         Gauss-Hermite points (1 to 100).
+    label_noise : float, default 0.0
+        epsilon in [0, 0.5): the probability floor of each label; 0 is the plain link.
     """
 
-    def __init__(self, link="probit", n_gh=20):
+    def __init__(self, link="probit", n_gh=20, label_noise=0.0):
         if not isinstance(link, str) or link not in _LINKS:
             raise ValueError(f"link must be 'probit' or 'logit', got {link!r}")
         self.link = link
         self.n_gh = _check_n_gh(n_gh)
+        self.label_noise = _check_label_noise(label_noise)
 
     def _core_args(self):
-        return (_LINKS[self.link], 1.0, self.n_gh, 0)
+        return (_LINKS[self.link], self.label_noise, self.n_gh, 0)
 
     def _repr_args(self):
-        return {"link": self.link, "n_gh": self.n_gh}
+        args = {"link": self.link, "n_gh": self.n_gh}
+        if self.label_noise:
+            args["label_noise"] = self.label_noise
+        return args
 
 
 class Poisson(Likelihood):

@@ -13,15 +13,17 @@ namespace pygpfast::likelihoods {
 
 enum class LikelihoodType : int {
   Gaussian = 0,         // p(y|f) = N(y | f, variance); closed form
-  BernoulliProbit = 1,  // y in {0, 1}, p(y=1|f) = Phi(f); Gauss-Hermite
-  BernoulliLogit = 2,   // y in {0, 1}, p(y=1|f) = sigmoid(f); Gauss-Hermite
+  BernoulliProbit = 1,  // y in {0, 1}, p(y=1|f) = Phi(f), or with label noise; Gauss-Hermite
+  BernoulliLogit = 2,   // y in {0, 1}, p(y=1|f) = sigmoid(f), or with label noise; Gauss-Hermite
   Poisson = 3,          // y >= 0 (counts; real y by the same formula), rate exp(f); closed form
   Softmax = 4,          // y in {0, ..., C - 1}, p(y=c|f) = softmax_c(f), C = num_classes >= 2
 };
 
 struct Likelihood {
   LikelihoodType type = LikelihoodType::Gaussian;
-  double variance = 1.0;  // Gaussian noise variance (ignored by the others)
+  double variance = 1.0;     // Gaussian noise variance (ignored by the others)
+  double label_noise = 0.0;  // Bernoulli: epsilon in [0, 1/2), p(y|f) = epsilon + (1 - 2 epsilon) p0(y|f)
+                             // with p0 the link's (Kim & Ghahramani 2008); 0: the plain link
   int n_gh = 20;          // Gauss-Hermite points for the non-closed-form expectations (for the
                           // softmax: per class, inside softmax.hpp's one-dimensional integral)
   int num_classes = 0;    // number of classes C of multi-class likelihoods (0 for the others)
@@ -39,8 +41,9 @@ void validate(const Likelihood& lik);
 void check_labels(const Likelihood& lik, const double* y, index_t n);
 
 // For i < n: f[i] = E[log p(y_i|f)], dmu[i] = d f[i]/d mu_i, dvar[i] = d f[i]/d var_i under
-// f ~ N(mu_i, var_i), var_i >= 0. When dparam is not null, dparam[i] = d f[i]/d variance for
-// the Gaussian likelihood (0 for the others). Throws std::invalid_argument on labels outside
+// f ~ N(mu_i, var_i), var_i >= 0. When dparam is not null, dparam[i] = d f[i]/d variance for the
+// Gaussian likelihood, d f[i]/d label_noise for a Bernoulli one with label_noise > 0, and 0 for
+// the others. Throws std::invalid_argument on labels outside
 // the likelihood's support, non-finite means or negative variances.
 // With D = latent_dim(lik), mu, var, dmu and dvar are [n, D] row-major (f, dparam and y: [n]).
 void variational_expectations(const Likelihood& lik, const double* y, const double* mu,

@@ -709,7 +709,7 @@ void gradients_through_q(const kernels::Kernel& kernel, const Variational& q, co
   dZzz.assign(static_cast<std::size_t>(M * D), 0.0);
   MatrixView dZzzV(dZzz.data(), M, D);
   kernel.K_vjp(q.Z, q.Z, true, dLzV, ConstMatrixView(sh.Kzz.data(), M, M), grads->kernel, &dZzzV, &dZzzV);
-  if (grads->likelihood_variance != nullptr) *grads->likelihood_variance = p.dlik;
+  if (grads->likelihood_param != nullptr) *grads->likelihood_param = p.dlik;
   if (grads->mean != nullptr)
     for (index_t l = 0; l < L; ++l) grads->mean[l] = p.dmean.empty() ? 0.0 : p.dmean[l];
 }

@@ -11,15 +11,15 @@ def gauss_hermite(n: int) -> tuple[F64, F64]: ...
 # (num_classes: 0 for the likelihoods of one latent function, C >= 2 for the softmax; mu, var and
 # the per-latent outputs are [N], or [N, C] for the softmax)
 def variational_expectations(
-    kind: int, variance: float, n_gh: int, num_classes: int, y: F64, mu: F64, var: F64
+    kind: int, param: float, n_gh: int, num_classes: int, y: F64, mu: F64, var: F64
 ) -> tuple[F64, F64, F64, F64]: ...
-def check_labels(kind: int, variance: float, n_gh: int, num_classes: int, y: F64) -> None: ...
+def check_labels(kind: int, param: float, n_gh: int, num_classes: int, y: F64) -> None: ...
 def predict_mean_and_var(
-    kind: int, variance: float, n_gh: int, num_classes: int, mu: F64, var: F64
+    kind: int, param: float, n_gh: int, num_classes: int, mu: F64, var: F64
 ) -> tuple[F64, F64]: ...
 def predict_log_density(
-    kind: int, variance: float, n_gh: int, num_classes: int, y: F64, mu: F64, var: F64
+    kind: int, param: float, n_gh: int, num_classes: int, y: F64, mu: F64, var: F64
 ) -> F64: ...
 def predict_log_class_probabilities(
-    kind: int, variance: float, n_gh: int, num_classes: int, mu: F64, var: F64
+    kind: int, param: float, n_gh: int, num_classes: int, mu: F64, var: F64
 ) -> F64: ...  # softmax only: [N, C]

@@ -9,7 +9,7 @@ def elbo(
     codes: NDArray[np.int32],
     params: F64,
     lik_kind: int,
-    lik_variance: float,
+    lik_param: float,
     n_gh: int,
     num_classes: int,
     *,

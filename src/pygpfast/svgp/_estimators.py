@@ -654,7 +654,8 @@ _ATTRIBUTES = _docs.ATTRIBUTES + """    model_ : SVGP
 
 class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
     _parameter_constraints = {**_SVGPEstimator._parameter_constraints,
-                              "likelihood": (Options(None, "probit", "logit", "softmax"),)}
+                              "likelihood": (Options(None, "probit", "logit", "softmax"),),
+                              "label_noise": (Interval(float, 0.0, 0.5, closed="left"),)}
     __doc__ = (
         """Gaussian-process classifier with a sparse variational posterior (SVGP), binary or
     multi-class, for labels of any type. The fit maximises the ELBO plus the log prior of the
@@ -663,6 +664,12 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
         'probit', 'logit': Bernoulli with that link, one latent function (two classes only).
         'softmax': C latent functions sharing Z and the kernel (any C >= 2). None: 'probit'
         for two classes, 'softmax' for more.
+    label_noise : float, default 0.0
+        epsilon in [0, 0.5), two classes only: each label is taken to be drawn at random with
+        probability 2 epsilon, ``p(y | f) = epsilon + (1 - 2 epsilon) p0(y | f)`` with p0 the
+        link's (Kim & Ghahramani 2008; :class:`pygpfast.likelihoods.Bernoulli`). It bounds the
+        cost of a mislabelled point by ``-log epsilon`` and the predicted probabilities to
+        [epsilon, 1 - epsilon]. 0: the plain link. Fixed, not learned; method='kl' only.
 
     Attributes
     ----------
@@ -671,13 +678,14 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
         method='mf' only: the locations of the truncated Gaussians q(g_n) (section 3.1, eq. 11).
 """ + _docs.NOTES)
 
-    def __init__(self, kernel=None, *, likelihood=None, n_inducing=100, inducing_points=None,
-                 method="kl", whiten=True, optimizer="auto", batch_size="auto", learning_rate="auto",
+    def __init__(self, kernel=None, *, likelihood=None, label_noise=0.0, n_inducing=100,
+                 inducing_points=None, method="kl", whiten=True, optimizer="auto", batch_size="auto", learning_rate="auto",
                  natgrad_step="auto", max_iter=None, tol=1e-6, n_iter_no_change=5,
                  train_inducing=True, optimize_hyperparameters=True, priors="default", jitter=1e-6,
                  random_state=None, verbose=0, callback=None):
         self.kernel = kernel
         self.likelihood = likelihood
+        self.label_noise = label_noise
         self.n_inducing = n_inducing
         self.inducing_points = inducing_points
         self.method = method
@@ -704,7 +712,7 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
         return tags
 
     def _is_probit(self):
-        return self.likelihood in (None, "probit")
+        return self.likelihood in (None, "probit") and self.label_noise == 0.0
 
     def _make_likelihood(self):
         name, C = self.likelihood, len(self.classes_)
@@ -714,8 +722,12 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
                 f"Only binary classification is supported by likelihood={name!r}; y has {C} "
                 "classes: use likelihood=None or 'softmax'")
         if name == "softmax" or (name is None and C > 2):
+            if self.label_noise:
+                raise ValueError(
+                    f"label_noise={self.label_noise!r} needs two classes and a Bernoulli likelihood; "
+                    f"y has {C} classes (the softmax takes no label noise): use label_noise=0.0")
             return _likelihoods.Softmax(C)
-        return _likelihoods.Bernoulli(link=name or "probit")
+        return _likelihoods.Bernoulli(link=name or "probit", label_noise=float(self.label_noise))
 
     def _encode_targets(self, y, first_call, classes=None):
         check_classification_targets(y)

@@ -244,10 +244,13 @@ def fit(kernel, Z, X, y, *, jitter=1e-6, train_Z=True, train_hyper=True, max_ite
 def check_estimator_params(estimator):
     """ValueError unless an SVGP estimator's settings allow ``method="mf"``."""
     if not estimator._is_probit():
-        what = f"likelihood={estimator.likelihood!r}" if is_classifier(estimator) else "SVGPRegressor"
+        what = "SVGPRegressor"
+        if is_classifier(estimator):
+            what = (f"label_noise={estimator.label_noise!r}" if estimator.label_noise
+                    else f"likelihood={estimator.likelihood!r}")
         raise ValueError(
             "method='mf' (Hensman, Matthews & Ghahramani 2015 section 3.1) rests on the probit augmentation of eq. (9); "
-            f"it needs SVGPClassifier with the probit likelihood, not {what}. Use method='kl'."
+            f"it needs SVGPClassifier with the plain probit likelihood, not {what}. Use method='kl'."
         )
     if estimator.optimizer not in ("auto", "lbfgs") or estimator.batch_size != "auto":
         raise ValueError(

@@ -70,7 +70,7 @@ struct Gradients {
   double* q_sqrt = nullptr; // [L, M, M]: lower triangles, strict upper parts set to 0
   MatrixView Z;             // [M, D]
   double* kernel = nullptr; // [P] w.r.t. the kernel's positive parameters
-  double* likelihood_variance = nullptr;  // scalar; Gaussian noise variance (0 for others)
+  double* likelihood_param = nullptr;  // scalar; d/d the likelihood's param (0 where it has none)
   double* mean = nullptr;   // [L] w.r.t. Variational::mean (sum_n d ELL / d mu_n,l, scaled;
                             //   0 when q.mean is null)
   // For natural-gradient steps on q: the gradients of the scaled expected log-likelihood alone

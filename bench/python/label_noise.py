@@ -1,0 +1,58 @@
+"""Label noise (Kim & Ghahramani 2008) against the plain probit on the Rätsch sets.
+
+``SVGPClassifier(label_noise=eps)`` with every other setting at its default, on the first
+``--splits`` published realisations of each Rätsch set (../shared/data), for each eps in
+``--eps`` (0 is the plain probit). Reported: the median hold-out negative log predictive
+probability and accuracy per set and eps, and how many sets each eps wins, the input to the
+decision whether label noise is on by default (issue 26).
+
+    python bench/python/label_noise.py [--splits 3] [--eps 0 0.001 0.01] [--sets ringnorm ...]
+"""
+
+import argparse
+
+import numpy as np
+
+import common
+import svgp_common
+from svgp_table1 import SETS
+
+from pygpfast import SVGPClassifier
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--splits", type=int, default=3)
+    ap.add_argument("--eps", type=float, nargs="+", default=[0.0, 1e-3, 1e-2])
+    ap.add_argument("--sets", nargs="+", default=list(SETS))
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    ctx = svgp_common.start(args.threads)
+    rows = []
+    for name in args.sets:
+        X, y, splits, how = svgp_common.load_ratsch(name)
+        for eps in args.eps:
+            fits = []
+            for k, (tr, te) in enumerate(splits[: args.splits]):
+                clf = SVGPClassifier(label_noise=eps, random_state=k)
+                seconds, warns = svgp_common.fit(clf, X[tr], y[tr])
+                fits.append({"split": k, "fit_s": seconds, "n_warnings": len(warns),
+                             **svgp_common.holdout(clf, X[te], y[te])})
+            row = {"set": name, "eps": eps, "splits": how, "n_train": len(splits[0][0]),
+                   "nlp_median": float(np.median([f["nlp"] for f in fits])),
+                   "acc_median": float(np.median([f["acc"] for f in fits])),
+                   "fit_s_median": float(np.median([f["fit_s"] for f in fits])), "fits": fits}
+            rows.append(row)
+            print(f"{name:13s} eps={eps:<6g} NLP {row['nlp_median']:.4f} acc {row['acc_median']:.4f} "
+                  f"fit {row['fit_s_median']:.2f} s", flush=True)
+    wins = {eps: 0 for eps in args.eps}
+    for name in args.sets:
+        best = min((r for r in rows if r["set"] == name), key=lambda r: r["nlp_median"])
+        wins[best["eps"]] += 1
+    print("sets won (lowest median NLP):", {f"{e:g}": w for e, w in wins.items()})
+    svgp_common.finish(None, ctx, {"splits": args.splits, "eps": args.eps, "rows": rows,
+                                   "wins": {f"{e:g}": w for e, w in wins.items()}})
+
+
+if __name__ == "__main__":
+    main()
