@@ -22,16 +22,17 @@ MAX_COUNT = 2.0**53
 @contextlib.contextmanager
 def naming_conversion_errors(name):
     """Re-raise numpy's and scikit-learn's conversion errors (strings that are not numbers,
-    complex numbers, ragged rows, scalars) as a ValueError that names the argument `name` and
-    says what it must hold; other errors pass unchanged."""
+    complex numbers, ragged rows, scalars) as an error of the same type (ValueError, or
+    TypeError for objects that are not numbers) that names the argument `name` and says what
+    it must hold, the original message after it; other errors pass unchanged."""
     try:
         yield
     except (TypeError, ValueError) as e:
         if not str(e).startswith(_CONVERSION_ERRORS):
             raise
         first = str(e).splitlines()[0]
-        raise ValueError(f"{name} must be an array of real numbers (numbers or numeric strings; "
-                         f"convert other data first): {first}") from e
+        raise type(e)(f"{name} must be an array of real numbers (numbers or numeric strings; "
+                      f"convert other data first): {first}") from e
 
 
 def validate_input(estimator, X, y="no_validation", **check_params):
