@@ -77,8 +77,8 @@ def _check_positive(values, name):
 def _as_hyperparameter(value, name, per_dimension):
     """A positive float, or (when `per_dimension`) a non-empty 1-D float64 array copy."""
     try:
-        if np.asarray(value).dtype == bool:  # True would be taken for 1.0
-            raise TypeError("a bool is not a number here")
+        if np.asarray(value).dtype.kind in "bUSO":  # (True would be taken for 1.0, "1" for 1.0)
+            raise TypeError("a bool or a string is not a number here")
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{name} must be a positive number, got {value!r}") from e

@@ -9,6 +9,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from .. import kernels as _kernels
+from .._validation import power_of_two_unit
 
 def _query_rows(n, max_rows):
     """At most `max_rows` evenly spaced row indices of n rows."""
@@ -99,12 +100,15 @@ def _lengthscales(kernel):
 
 
 def _typical_distance(X, max_rows=300):
-    """The median Euclidean distance between (at most `max_rows` evenly spaced) rows of X."""
+    """The median Euclidean distance between (at most `max_rows` evenly spaced) rows of X
+    (computed in units of a power of two near max |X|: squares overflow beyond ~1e154)."""
     sub = X[_query_rows(X.shape[0], max_rows)]
+    unit = float(power_of_two_unit(sub))
+    sub = sub / unit
     sq = np.sum(sub * sub, axis=1)
     d2 = sq[:, None] + sq[None, :] - 2.0 * sub @ sub.T
     upper = d2[np.triu_indices(len(sub), 1)]
-    return float(np.sqrt(max(np.median(upper), 0.0))) if upper.size else 0.0
+    return unit * float(np.sqrt(max(np.median(upper), 0.0))) if upper.size else 0.0
 
 
 def _range_text(values):

@@ -67,6 +67,46 @@ def default_kernel(X, random_state, variance=1.0):
     return _kernels.RBF(variance=variance, lengthscale=spread * np.sqrt(D))
 
 
+#: A given kernel's prior variance k(x, x) and its stationary leaves' lengthscales must lie
+#: within this factor of the data's scale (the targets' scale; default_kernel's lengthscales).
+#: Measured on the shared behaviour suite's problems: every estimator fits from variances and
+#: lengthscales of 1e-100 and 1e100 times those; from 1e-200 (variance or lengthscale) the CVI
+#: fits failed deep in the search with messages about site precisions or ordinal thresholds.
+KERNEL_SCALE_RANGE = 1e100
+
+
+def start_kernel(kernel, X, random_state, variance=1.0):
+    """The kernel a fit starts from: a copy of the user's `kernel`, or default_kernel(X,
+    random_state, variance) for None. A ValueError naming ``kernel`` when the given one is
+    beyond KERNEL_SCALE_RANGE of the data's scale: its prior variance k(x, x) at a row of X
+    outside [1e-100, 1e100] times `variance` (the targets' scale), or a stationary leaf's
+    lengthscales outside [1e-100, 1e100] times the median-distance ones of default_kernel."""
+    if kernel is None:
+        return default_kernel(X, random_state, variance)
+    low, high = 1.0 / KERNEL_SCALE_RANGE, KERNEL_SCALE_RANGE
+    rows = np.ascontiguousarray(X[: min(X.shape[0], 10)], dtype=np.float64)
+    prior = kernel.diag(rows) / variance
+    if not np.all((prior >= low) & (prior <= high)):
+        raise ValueError(
+            f"kernel={kernel!r} has prior variance k(x, x) = {prior[0] * variance:.3g} at the "
+            f"first rows of X, beyond a factor {high:.0e} of the targets' scale {variance:.3g}: "
+            "no fit can start there; give a kernel with a variance nearer that scale, or "
+            "kernel=None")
+    leaves = stationary_leaves(kernel)
+    if leaves:
+        reference = default_kernel(X, np.random.RandomState(0)).lengthscale  # (not random_state's draws)
+        for leaf, _ in leaves:
+            ratio = np.asarray(leaf.lengthscale) / (reference if np.ndim(leaf.lengthscale)
+                                                    else np.exp(np.mean(np.log(reference))))
+            if not np.all((ratio >= low) & (ratio <= high)):
+                raise ValueError(
+                    f"kernel={kernel!r} has a lengthscale beyond a factor {high:.0e} of the "
+                    f"data's scale (median distances {np.array2string(reference, precision=3)}"
+                    "): no fit can start there; give lengthscales nearer that scale, or "
+                    "kernel=None")
+    return copy.deepcopy(kernel)
+
+
 def diagnosis_sample(X, max_rows=2000):
     """At most `max_rows` evenly spaced rows of X (float64), read at once (a memory-mapped X is
     touched only there), for _diagnose.diagnose."""

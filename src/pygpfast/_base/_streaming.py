@@ -19,6 +19,8 @@ minibatches. Memory: one buffer (its float64 rows and targets), whatever the dat
 import numpy as np
 from sklearn.utils import check_array
 
+from .._validation import naming_conversion_errors
+
 __all__ = ["BUFFER_BYTES", "CHUNK_ROWS", "check_rows", "iter_blocks", "minibatches"]
 
 #: Rows per contiguous chunk read from the data.
@@ -55,7 +57,8 @@ def check_rows(X, name="X", estimator=None):
     messages name `estimator` (an estimator or None) as scikit-learn's do.
     """
     if not _is_numeric_matrix(X):
-        return check_array(X, dtype=np.float64, order="C", input_name=name, estimator=estimator)
+        with naming_conversion_errors(name):
+            return check_array(X, dtype=np.float64, order="C", input_name=name, estimator=estimator)
     n, d = X.shape
     by = "" if estimator is None else f" by {type(estimator).__name__}"
     if n < 1:

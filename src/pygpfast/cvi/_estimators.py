@@ -11,7 +11,7 @@ from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from .. import _core
 from .. import kernels as _kernels
@@ -21,7 +21,7 @@ from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._memory import check_fits, explain_memory_error
 from .._base._optimize import lbfgs
 from .._base._params import COMMON, NONE, Interval, Options
-from .._validation import array_of_matrix
+from .._validation import as_vector, check_counts, validate_input
 from ..exceptions import LinAlgError, warn_at_caller
 from ._inference import _BOUND_KINDS, _MAX_NEWTON, _METHODS, LocalBound, _infer_oa
 
@@ -221,8 +221,7 @@ class _VGPEstimator(GPEstimator):
 
     def _fit(self, X, t, local_bound, mean, learn_mean):
         rs = check_random_state(self.random_state)
-        kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
-                  else _start.default_kernel(X, rs))
+        kernel = _start.start_kernel(self.kernel, X, rs)
         self._with_default_priors(kernel, X)
         start = copy.deepcopy(kernel)
         memory = self._memory_plan(X.shape[0], local_bound, kernel)
@@ -395,7 +394,7 @@ class _VGPEstimator(GPEstimator):
     def _latent(self, X):
         """Means and variances [T, L] of the latent functions at X [T, D]."""
         check_is_fitted(self)
-        X = validate_data(self, array_of_matrix(X), dtype=np.float64, order="C", reset=False)
+        X = validate_input(self, X, dtype=np.float64, order="C", reset=False)
         codes, params = self.kernel_._spec(X.shape[1])
         return _core.cvi.predict_f(codes, params, self.X_train_, X, mean=self.mean_,
                                    alpha=np.ascontiguousarray(self.alpha_.T),
@@ -559,7 +558,7 @@ class VGPClassifier(GPClassifierMixin, ClassifierMixin, _VGPEstimator):
         categories = (_ordered_categories(y) if order is None and self.likelihood == "ordinal"
                       else None)
         # (copy: X_train_ must not follow the caller's array, as class_order_ does not)
-        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C", copy=True)
+        X, y = validate_input(self, X, y, dtype=np.float64, order="C", copy=True)
         check_classification_targets(y)
         if categories is not None:  # (those that y uses)
             present = set(y.tolist())
@@ -716,7 +715,7 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         ----------
         X : array_like [N, D]
         y : array_like [N]
-            Counts, or real values >= 0 (by the same formula).
+            Counts, or real values >= 0 (by the same formula), at most 2**53.
 
         Returns
         -------
@@ -724,11 +723,9 @@ class VGPPoissonRegressor(RegressorMixin, _VGPEstimator):
         """
         self._check_params()
         self._forget()
-        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C",
-                             y_numeric=True, copy=True)  # (X_train_ keeps X)
-        if y.dtype.kind not in "biuf":  # (validate_data leaves strings as they are)
-            raise ValueError(f"y must hold numbers (counts or reals >= 0), got dtype {y.dtype}")
-        t = np.ascontiguousarray(y, dtype=np.float64)  # (the core checks t >= 0)
+        X, y = validate_input(self, X, y, dtype=np.float64, order="C",
+                              copy=True)  # (X_train_ keeps X)
+        t = check_counts(as_vector(y, "y"))  # (the core checks t >= 0)
         mean = np.array([np.log(max(t.mean(), 1e-3))])
         return self._fit(X, t, LocalBound("poisson"), mean, bool(self.learn_mean))
 

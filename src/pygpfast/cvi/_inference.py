@@ -51,6 +51,7 @@ import numpy as np
 from .. import _core
 from .._base._optimize import lbfgs
 from .._base._params import check_int
+from .._validation import naming_conversion_errors
 from ..piecewise import llp_bound
 
 __all__ = ["LocalBound", "InferenceResult", "infer", "oa_objective"]
@@ -194,7 +195,8 @@ def _check_sigma(Sigma):
     """Sigma as a C-contiguous float64 [N, N]: ValueError unless it is square, non-empty and
     symmetric to rounding (the core reads both triangles); asymmetry within rounding is
     averaged out."""
-    Sigma = np.ascontiguousarray(Sigma, dtype=np.float64)
+    with naming_conversion_errors("Sigma"):
+        Sigma = np.ascontiguousarray(Sigma, dtype=np.float64)
     if Sigma.ndim != 2 or Sigma.shape[0] != Sigma.shape[1] or Sigma.shape[0] == 0:
         raise ValueError(f"Sigma must be a non-empty square matrix, got shape {Sigma.shape}")
     if not np.array_equal(Sigma, Sigma.T):  # (NaN fails here too, and the core names it)
@@ -283,7 +285,8 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
                              f"{' >= 0' if low == 0 else ''}, got {value!r}")
     Sigma = _check_sigma(Sigma)
     N, L = Sigma.shape[0], local_bound.n_latent
-    y = np.ascontiguousarray(y, dtype=np.float64)
+    with naming_conversion_errors("y"):
+        y = np.ascontiguousarray(y, dtype=np.float64)
     if y.shape != (N,):
         raise ValueError(f"y must have {N} entries, got shape {y.shape}")
     mean = _mean_vector(mean, L)
@@ -324,8 +327,10 @@ def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
     _check_local_bound(local_bound)
     Sigma = _check_sigma(Sigma)
     N, L = Sigma.shape[0], local_bound.n_latent
+    with naming_conversion_errors("y"):
+        y = np.ascontiguousarray(y, dtype=np.float64)
     value, da, dl, _, _ = _core.cvi.oa_objective(
-        *local_bound._core_args(), np.ascontiguousarray(y, dtype=np.float64), Sigma,
+        *local_bound._core_args(), y, Sigma,
         mean=_mean_vector(mean, L), alpha=_latent_array(alpha, L, N, "alpha"),
         lambda_=_latent_array(lambda_, L, N, "lambda_"))
     return value, da.T.copy(), dl.T.copy()

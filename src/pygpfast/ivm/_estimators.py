@@ -30,7 +30,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from .. import _core, _threads
 from .. import kernels as _kernels
@@ -38,7 +38,7 @@ from .._base import _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._optimize import lbfgs
 from .._base._params import BOOL, COMMON, Interval, Options
-from .._validation import array_of_matrix
+from .._validation import validate_input
 from ..exceptions import warn_at_caller
 
 __all__ = ["IVMClassifier"]
@@ -197,7 +197,7 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         """
         self._check_params()
         self._forget()
-        X, y = validate_data(self, array_of_matrix(X), y, dtype=np.float64, order="C")
+        X, y = validate_input(self, X, y, dtype=np.float64, order="C")
         check_classification_targets(y)
         self.classes_, t = np.unique(y, return_inverse=True)
         t = t.reshape(-1)
@@ -205,8 +205,7 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         if C < 2:
             raise ValueError(f"y has {C} class; a classifier needs at least 2")
         rs = check_random_state(self.random_state)
-        kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
-                  else _start.default_kernel(X, rs))
+        kernel = _start.start_kernel(self.kernel, X, rs)
         self._with_default_priors(kernel, X)
         seed = int(rs.randint(np.iinfo(np.int32).max))
         model = _Model(self, X, t, C, kernel, seed)
@@ -311,7 +310,7 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
     # ------------------------------------------------------------------ prediction
     def _checked(self, X):
         check_is_fitted(self)
-        return validate_data(self, array_of_matrix(X), dtype=np.float64, order="C", reset=False)
+        return validate_input(self, X, dtype=np.float64, order="C", reset=False)
 
     def _kernel_list(self):
         if isinstance(self.kernel_, list):

@@ -14,12 +14,13 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from .. import _core
 from .._base import _docs, _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._params import BOOL, COMMON, NONE, Interval, Kind, Options
+from .._validation import as_vector, mean_and_std, validate_input
 from . import _dask, _engine, _proposal
 from ._psis import psis as _psis
 
@@ -82,7 +83,7 @@ class _ISMOEEstimator(GPEstimator):
         """
         self._check_params()
         self._forget()
-        X, y = validate_data(self, X, y, dtype=np.float64, order="C", y_numeric=self._Y_NUMERIC)
+        X, y = validate_input(self, X, y, dtype=np.float64, order="C")
         t = self._encode_targets(y)
         try:
             return self._fit(X, t)
@@ -94,13 +95,11 @@ class _ISMOEEstimator(GPEstimator):
         N, D = X.shape
         rs = check_random_state(self.random_state)
         seed = int(rs.randint(2**31 - 1))
-        start = (copy.deepcopy(self.kernel) if self.kernel is not None
-                 else _start.default_kernel(X, rs, 1.0))
+        start = _start.start_kernel(self.kernel, X, rs, 1.0)
         codes, params0 = start._spec(D)
         J, K = self.n_samples, self.n_experts
         B = N if self.batch_size is None else min(self.batch_size, N)
-        self.x_mean_ = X.mean(axis=0)
-        scale = X.std(axis=0)
+        self.x_mean_, scale = mean_and_std(X, axis=0)
         self.x_scale_ = np.where(scale > 0, scale, 1.0)
         Xs = np.ascontiguousarray((X - self.x_mean_) / self.x_scale_)
         theta0 = np.log(params0)
@@ -200,7 +199,7 @@ class _ISMOEEstimator(GPEstimator):
     # ---------------------------------------------------------------- prediction
     def _validate_X(self, X):
         check_is_fitted(self)
-        return validate_data(self, X, dtype=np.float64, order="C", reset=False)
+        return validate_input(self, X, dtype=np.float64, order="C", reset=False)
 
     def _log_assignment(self, Xs):
         """log(w_j rho_jk(x)) [T, blocks]: each sample's weight times the probability of each of
@@ -212,9 +211,8 @@ class _ISMOEEstimator(GPEstimator):
             n = int(st["n_blocks"][i])
             experts = st["expert"][b:b + n]
             if self.partition == "gmm":
-                logr = _proposal.log_component_density(Xs, st["log_pi"][i], st["mu"][i],
-                                                       st["R"][i], experts)
-                logr -= logsumexp(logr, axis=1, keepdims=True)
+                logr = _proposal.log_responsibilities(Xs, st["log_pi"][i], st["mu"][i],
+                                                      st["R"][i], experts)
             else:
                 logr = np.full((Xs.shape[0], n), -math.log(n))
             out[:, b:b + n] = logr + (np.log(self.weights_[j]) - self._log_mass)
@@ -223,8 +221,8 @@ class _ISMOEEstimator(GPEstimator):
 
     def _components(self, X):
         """Yield (rows slice, log c [T, P], predict_blocks' dict) a chunk of test rows at a
-        time: c = w_j rho_jk, the mixture weights of the blocks."""
-        X = self._validate_X(X)
+        time, for validated X (:meth:`_validate_X`): c = w_j rho_jk, the mixture weights of
+        the blocks."""
         st = self.experts_
         P = st["expert"].size
         step = max(1, self._PREDICT_BYTES // (8 * 6 * max(P, 1)))
@@ -248,7 +246,8 @@ class _ISMOEEstimator(GPEstimator):
         return mean, var
 
     def _mixture_latent(self, X):
-        T = len(self._validate_X(X))
+        X = self._validate_X(X)
+        T = len(X)
         mean, var = np.empty(T), np.empty(T)
         for sl, log_c, pred in self._components(X):
             mean[sl], var[sl] = self._moments(np.exp(log_c), pred["mean"], pred["var"])
@@ -259,7 +258,8 @@ _PARAMETERS = """
     Parameters
     ----------
 """ + _docs.KERNEL + """    n_experts : int, default 10
-        K, the experts (mixture components) of each partition.
+        K, the experts (mixture components) of each partition; with fewer rows than K some
+        experts are empty (the partition uses those it fills).
     n_samples : int, default 32
         J, the importance samples (partitions).
     batch_size : int or None, default None
@@ -349,7 +349,6 @@ class ISMOERegressor(RegressorMixin, _ISMOEEstimator):
         The targets' mean and scale (the experts see standardised targets).
     """)
 
-    _Y_NUMERIC = True
     _FIT_MEAN = True
 
     def __init__(self, kernel=None, *, n_experts=10, n_samples=32, batch_size=None,
@@ -385,25 +384,27 @@ class ISMOERegressor(RegressorMixin, _ISMOEEstimator):
         return "gaussian"
 
     def _encode_targets(self, y):
-        y = np.asarray(y, dtype=np.float64)
-        self.y_mean_ = float(np.mean(y))
-        std = float(np.std(y))
-        self.y_scale_ = std if std > 0 else 1.0
+        y = as_vector(y, "y")
+        mean, std = mean_and_std(y)
+        self.y_mean_, self.y_scale_ = float(mean), float(std) if std > 0 else 1.0
         return np.ascontiguousarray((y - self.y_mean_) / self.y_scale_)
 
     def _log_unit(self):
         return math.log(self.y_scale_)  # (log weights in y's units: - B log y_scale_ per sample)
 
     def predict_latent(self, X):
-        """Mixture mean [T] and variance [T] of the latent function at X [T, D]."""
+        """Mixture mean [T] and variance [T] of the latent function at X [T, D] (the variance
+        is inf where it exceeds float64, for targets beyond about 1e154)."""
         mean, var = self._mixture_latent(X)
-        return mean * self.y_scale_ + self.y_mean_, var * self.y_scale_**2
+        with np.errstate(over="ignore"):
+            return mean * self.y_scale_ + self.y_mean_, var * self.y_scale_ * self.y_scale_
 
     def predict(self, X, return_std=False):
         """Mixture mean [T] of a new observation at X [T, D], and with ``return_std`` its
         standard deviation [T] (noise included; the mixture's, spread of the experts' means
         included)."""
-        T = len(self._validate_X(X))
+        X = self._validate_X(X)
+        T = len(X)
         mean, var = np.empty(T), np.empty(T)
         for sl, log_c, pred in self._components(X):
             mean[sl], var[sl] = self._moments(np.exp(log_c), pred["mean"], pred["var_y"])
@@ -416,6 +417,7 @@ class ISMOERegressor(RegressorMixin, _ISMOEEstimator):
         """log p(y | x) [T] of observations y [T] at X [T, D] under the mixture predictive
         (sum over samples and experts of w_j rho_jk N(y | m_jk, v_jk)); its sum is the test
         log likelihood."""
+        X = self._validate_X(X)
         y = (np.asarray(y, dtype=np.float64).ravel() - self.y_mean_) / self.y_scale_
         out = np.empty(y.size)
         for sl, log_c, pred in self._components(X):
@@ -435,7 +437,6 @@ class ISMOEClassifier(GPClassifierMixin, ClassifierMixin, _ISMOEEstimator):
 """ + _COMMON + _ATTRIBUTES + """    classes_ : ndarray [2]
     """)
 
-    _Y_NUMERIC = False
     _FIT_MEAN = False
     _parameter_constraints = {**_ISMOEEstimator._parameter_constraints,
                               "likelihood": (Options("probit", "logit"),)}
@@ -499,7 +500,8 @@ class ISMOEClassifier(GPClassifierMixin, ClassifierMixin, _ISMOEEstimator):
         return self._mixture_latent(X)
 
     def _log_proba_columns(self, X):
-        T = len(self._validate_X(X))
+        X = self._validate_X(X)
+        T = len(X)
         out = np.empty((T, 2))
         with np.errstate(divide="ignore"):
             for sl, log_c, pred in self._components(X):
@@ -511,7 +513,8 @@ class ISMOEClassifier(GPClassifierMixin, ClassifierMixin, _ISMOEEstimator):
     def predict_proba(self, X):
         """Class probabilities [T, 2] (columns in the order of ``classes_``): the mixture of the
         experts' P(y = 1)."""
-        T = len(self._validate_X(X))
+        X = self._validate_X(X)
+        T = len(X)
         out = np.empty((T, 2))
         for sl, log_c, pred in self._components(X):
             p1 = np.clip(np.sum(np.exp(log_c) * pred["prob"], axis=1), 0.0, 1.0)

@@ -64,12 +64,32 @@ def log_component_density(Xs, log_pi, mu, R, experts=None):
     experts = range(len(log_pi)) if experts is None else experts
     D = Xs.shape[1]
     out = np.empty((Xs.shape[0], len(experts)))
-    with one_blas_thread():
+    with one_blas_thread(), np.errstate(over="ignore"):  # (-inf beyond ~1e154 deviations)
         for c, k in enumerate(experts):
             u = (Xs - mu[k]) @ R[k]  # (R lower: u_d = sum_e (x - mu)_e R_ed; |u|^2 = (x-mu)^T R R^T (x-mu))
             out[:, c] = (log_pi[k] + np.sum(np.log(np.diag(R[k]))) - 0.5 * D * _LOG_2PI
                          - 0.5 * np.einsum("ij,ij->i", u, u))
     return out
+
+
+def log_responsibilities(Xs, log_pi, mu, R, experts):
+    """log rho_k(x) [T, len(experts)]: the components' log densities normalised over
+    `experts`. A row at which every density underflows (a test point beyond about 1e154
+    standard deviations from the data, whose squared distances overflow) goes, in equal
+    shares, to the experts nearest to it in Mahalanobis distance: the limit of rho along
+    its direction."""
+    logr = log_component_density(Xs, log_pi, mu, R, experts)
+    kept = np.max(logr, axis=1) > -np.inf
+    logr[kept] -= logsumexp(logr[kept], axis=1, keepdims=True)
+    lost = np.flatnonzero(~kept)
+    if lost.size:
+        far = Xs[lost]
+        unit = np.maximum(np.max(np.abs(far), axis=1, keepdims=True), 1.0)
+        dist = np.column_stack([np.sum(((far - mu[k]) / unit @ R[k]) ** 2, axis=1)
+                                for k in experts])
+        nearest = dist == np.min(dist, axis=1, keepdims=True)
+        logr[lost] = np.where(nearest, -np.log(np.sum(nearest, axis=1, keepdims=True)), -np.inf)
+    return logr
 
 
 @dataclass

@@ -21,7 +21,7 @@ from .._base import _docs, _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._params import (BOOL, COMMON, NONE, Interval, Kind, Options, check_int,
                              check_params)
-from .._validation import as_matrix, as_vector, check_same_dim, power_of_two_unit
+from .._validation import as_matrix, as_vector, check_counts, check_same_dim, power_of_two_unit
 from ..exceptions import warn_at_caller
 from . import _mf
 from ._model import SVGP
@@ -168,8 +168,7 @@ class _SVGPEstimator(GPEstimator):
         likelihood = self._with_default_noise_prior(self._make_likelihood())
         memory = self._memory_plan(M, likelihood.n_latent, optimizer, call)
         check_fits(*memory)
-        kernel = (copy.deepcopy(self.kernel) if self.kernel is not None
-                  else _start.default_kernel(X, rs, self._target_scale()))
+        kernel = _start.start_kernel(self.kernel, X, rs, self._target_scale())
         self._with_default_priors(kernel, X)
         if Z is None:
             Z = _start.init_inducing(X, M, rs)
@@ -601,7 +600,8 @@ _PARAMETERS = """
     Parameters
     ----------
 """ + _docs.KERNEL + """    n_inducing : int, default 100
-        Number of inducing inputs M, placed by k-means on a subsample of max(10 M, 10000) rows.
+        Number of inducing inputs M, placed by k-means on a subsample of max(10 M, 10000) rows;
+        with fewer than M training rows N, M = N (the rows themselves).
     inducing_points : array_like [M, D] or None, default None
         Starting inducing inputs (overrides n_inducing).
     method : {'kl', 'mf'}, default 'kl'
@@ -804,7 +804,8 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
     the ELBO alone with ``priors=None``).
 """ + _PARAMETERS + """    likelihood : {'gaussian', 'poisson'}, default 'gaussian'
         'poisson': count regression, the log rate a learned constant (started at log mean(y),
-        ``model_.prior_mean``) plus the GP; real targets y >= 0 are taken by the same formula.
+        ``model_.prior_mean``) plus the GP; real targets y >= 0 are taken by the same formula
+        (targets above 2**53 are refused).
     noise_variance : float or 'auto', default 'auto'
         Starting variance of the Gaussian likelihood's noise (learned with the
         hyperparameters). 'auto': 1 on standardised targets, else the targets' mean square.
@@ -902,15 +903,19 @@ class SVGPRegressor(RegressorMixin, _SVGPEstimator):
                 std = big * float(np.std(unit))
                 self.y_mean_, self.y_scale_ = big * float(np.mean(unit)), std if std > 0 else 1.0
         t = (y - self.y_mean_) / self.y_scale_ if self.y_scale_ != 1.0 or self.y_mean_ else y
+        if not self._gaussian():
+            check_counts(t)
         # (all rows here: the core checks each minibatch, and would name a row of the minibatch)
         (self._make_likelihood() if first_call else self.likelihood_)._check_labels(t)
         return t
 
     def predict_latent(self, X):
         """Mean [T] and variance [T] of the latent function at X [T, D] (in y's units for a
-        normalized Gaussian likelihood)."""
+        normalized Gaussian likelihood; the variance is inf where it exceeds float64, for
+        targets beyond about 1e154)."""
         mean, var = self._latent(X)
-        return mean * self.y_scale_ + self.y_mean_, var * self.y_scale_**2
+        with np.errstate(over="ignore"):
+            return mean * self.y_scale_ + self.y_mean_, var * self.y_scale_ * self.y_scale_
 
     def predict(self, X, return_std=False):
         """Predictive mean [T] of y, and with ``return_std`` its standard deviation [T]
