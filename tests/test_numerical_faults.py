@@ -1,0 +1,192 @@
+"""Numerical faults (issue 27): no NaN or infinity out of a fit on real data, likelihoods that
+stay finite in their far tails, near-singular kernels that escalate the jitter once and then
+fail with a message that says what to change, stochastic fits that detect their own divergence,
+and the Opper-Archambeau baseline's report of how far it stopped from its optimum."""
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.base import is_classifier
+from sklearn.exceptions import ConvergenceWarning
+
+import pygpfast
+from pygpfast import likelihoods as lik
+from pygpfast.cvi._inference import LocalBound
+from pygpfast.exceptions import NumericalWarning
+
+from test_estimators_common import IDS
+
+#: Latent values of the far tails: every log-probability, gradient and predictive probability
+#: there is finite (Poisson: below its overflow, see test_poisson_beyond_float64).
+FAR = np.array([-1e5, -1e3, 1e3, 1e5])
+
+
+def _all_finite(*arrays):
+    return all(np.all(np.isfinite(np.asarray(a, dtype=np.float64))) for a in arrays)
+
+
+# ---------------------------------------------------------------- likelihoods in the far tails
+@pytest.mark.parametrize("make,labels", [
+    (lambda: lik.Gaussian(variance=0.5), (-3.0, 0.0, 2.0)),
+    (lambda: lik.Bernoulli("probit"), (0.0, 1.0)),
+    (lambda: lik.Bernoulli("logit"), (0.0, 1.0)),
+], ids=["gaussian", "probit", "logit"])
+@pytest.mark.parametrize("var", [0.0, 1.0, 1e3])
+def test_one_latent_likelihoods_are_finite_in_the_far_tails(make, labels, var):
+    likelihood = make()
+    v = np.full(FAR.size, var)
+    for y in labels:
+        yy = np.full(FAR.size, y)
+        value, d_mu, d_var = likelihood.variational_expectations(yy, FAR, v)
+        log_density = likelihood.predict_log_density(yy, FAR, v)
+        assert _all_finite(value, d_mu, d_var, log_density, *likelihood.predict_mean_and_var(FAR, v))
+        if isinstance(likelihood, lik.Bernoulli):
+            # the right asymptotes: log p -> 0 on the label's side, ~ -|f| (logit) or -f^2/2
+            # (probit) against it; a gradient that points back towards the label
+            s = 2.0 * y - 1.0
+            with_label = s * FAR > 0
+            np.testing.assert_allclose(value[with_label], 0.0, atol=1e-12)
+            assert np.all(value[~with_label] < -500) and np.all(s * d_mu[~with_label] > 0)
+    if isinstance(likelihood, lik.Bernoulli):
+        p1 = likelihood.predict_mean_and_var(FAR, v)[0]
+        np.testing.assert_array_equal(p1 > 0.5, FAR > 0)
+
+
+def test_bernoulli_values_at_the_tails_against_scipy():
+    from scipy.special import log_expit, log_ndtr
+
+    zero = np.zeros(FAR.size)
+    for y in (0.0, 1.0):
+        s = 2.0 * y - 1.0
+        yy = np.full(FAR.size, y)
+        probit = lik.Bernoulli("probit").variational_expectations(yy, FAR, zero)
+        logit = lik.Bernoulli("logit").variational_expectations(yy, FAR, zero)
+        np.testing.assert_allclose(probit[0], log_ndtr(s * FAR), rtol=1e-14)
+        np.testing.assert_allclose(logit[0], log_expit(s * FAR), rtol=1e-14)
+        # d/df log Phi(s f) = s phi(f) / Phi(s f), -> -f against the label
+        np.testing.assert_allclose(probit[1][s * FAR < 0], -FAR[s * FAR < 0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("var", [0.0, 1.0, 1e3])
+def test_softmax_is_finite_in_the_far_tails(var):
+    softmax = lik.Softmax(3)
+    mu = FAR[:, None] * np.array([1.0, 0.0, -1.0])
+    v = np.full_like(mu, var)
+    for y in range(3):
+        yy = np.full(FAR.size, float(y))
+        value, d_mu, d_var = softmax.variational_expectations(yy, mu, v)
+        assert _all_finite(value, d_mu, d_var, softmax.predict_log_density(yy, mu, v))
+    proba, log_proba = softmax.predict_proba(mu, v), softmax.predict_log_proba(mu, v)
+    assert _all_finite(proba, log_proba)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+    assert np.all(log_proba[FAR > 0, 2] < -1000) and np.all(log_proba[FAR < 0, 0] < -1000)
+
+
+def test_poisson_is_finite_below_its_overflow_and_never_nan_beyond():
+    poisson = lik.Poisson()
+    for var in (0.0, 1.0, 1e3):
+        v = np.full(5, var)
+        # log rates mu + var/2 up to 700 (the values), E[y^2] ~ exp(2 mu + 2 var) up to e^600
+        mu = np.array([-1e5, -1e3, -var, 300.0 - var, 700.0 - var / 2])
+        for y in (0.0, 5.0):
+            yy = np.full(mu.size, y)
+            assert _all_finite(*poisson.variational_expectations(yy, mu, v),
+                               poisson.predict_log_density(yy, mu, v))
+        mean, variance = poisson.predict_mean_and_var(mu[:4], v[:4])
+        assert _all_finite(mean, variance)  # (was NaN: 0 * inf at mu = -1e5, var = 1e3)
+    # Var[y] = m + m^2 (e^var - 1), m = exp(mu + var/2): at mu = -1e3, var = 1e3, m = e^-500
+    # and the second term exp(2 mu + 2 var) (1 - e^-var) = 1
+    _, variance = poisson.predict_mean_and_var([-1e3], [1e3])
+    np.testing.assert_allclose(variance, 1.0, rtol=1e-14)
+    # Beyond log(max float64) the rate itself overflows: -inf values, +inf moments, no NaN.
+    high = np.array([1e3, 1e5])
+    value, d_mu, d_var = poisson.variational_expectations([5.0, 5.0], high, [0.0, 1.0])
+    assert np.all(value == -np.inf) and np.all(d_mu == -np.inf) and np.all(d_var == -np.inf)
+    mean, variance = poisson.predict_mean_and_var(high, [0.0, 1.0])
+    assert np.all(mean == np.inf) and np.all(variance == np.inf)
+
+
+@pytest.mark.parametrize("kind,C", [("logit", 0), ("softmax", 3), ("stick-breaking", 3),
+                                    ("ordinal", 3), ("poisson", 0)])
+@pytest.mark.parametrize("var", [0.0, 1.0, 1e3])
+def test_cvi_local_bounds_are_finite_in_the_far_tails(kind, C, var):
+    bound = LocalBound(kind, n_classes=C)
+    L = bound.n_latent
+    m = np.tile(FAR, (L, 1)) * np.linspace(1.0, -1.0, L)[:, None] if L > 1 else FAR[None, :]
+    if kind == "poisson":  # (its bound holds exp(m + v/2): finite up to ~709.78)
+        m = np.minimum(m, 700.0 - var / 2)
+    for y in range(max(C, 2)):
+        value, dm, dv, d2m, _ = bound(np.full(FAR.size, float(y)), m, np.full_like(m, var))
+        assert _all_finite(value, dm, dv, d2m) and np.all(value <= 1e-12)
+
+
+@pytest.fixture(scope="module")
+def small_vgp_models():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2.0, 2.0, (60, 2))
+    y = np.digitize(np.sin(2.0 * X[:, 0]) + 0.5 * X[:, 1], [-0.5, 0.5])
+    models = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for likelihood in ("ordinal", "stick-breaking", "logit"):
+            target = (y > 0).astype(int) if likelihood == "logit" else y
+            models[likelihood] = pygpfast.VGPClassifier(likelihood=likelihood, max_iter=3,
+                                                        random_state=0).fit(X, target)
+    return models
+
+
+@pytest.mark.parametrize("likelihood", ["ordinal", "stick-breaking", "logit"])
+@pytest.mark.parametrize("var", [0.0, 1.0, 1e3])
+def test_vgp_class_probabilities_are_finite_in_the_far_tails(small_vgp_models, likelihood, var):
+    model = small_vgp_models[likelihood]
+    L = model.mean_.size
+    mean = np.repeat(FAR[:, None], L, axis=1)
+    log_proba = model._log_proba(mean, np.full_like(mean, var))
+    assert _all_finite(log_proba)
+    np.testing.assert_allclose(np.exp(log_proba).sum(axis=1), 1.0, rtol=1e-12)
+    assert np.all(log_proba.max(axis=1) > -1e-6)  # (one class takes it all out there)
+
+
+# ---------------------------------------------------------------- diverging stochastic fits
+def _binary(n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2.0, 2.0, (n, 2))
+    return X, (np.sin(2.0 * X[:, 0]) + 0.5 * X[:, 1] + 0.3 * rng.standard_normal(n) > 0).astype(int)
+
+
+@pytest.mark.parametrize("make,task", [
+    (lambda **kw: pygpfast.SVGPClassifier(optimizer="adam", **kw), "binary"),
+    (lambda **kw: pygpfast.SVGPClassifier(optimizer="natgrad", **kw), "binary"),
+    (lambda **kw: pygpfast.SVGPClassifier(optimizer="adadelta", **kw), "binary"),
+    (lambda **kw: pygpfast.SVGPRegressor(optimizer="natgrad", **kw), "regression"),
+    (lambda **kw: pygpfast.SVGPRegressor(likelihood="poisson", optimizer="adam", **kw), "counts"),
+], ids=["adam", "natgrad", "adadelta", "gaussian-natgrad", "poisson-adam"])
+def test_a_diverging_stochastic_fit_is_reported_and_keeps_its_best_parameters(make, task):
+    X, y = _binary()
+    if task == "regression":
+        y = np.sin(2.0 * X[:, 0]) + 0.1 * X[:, 1]
+    elif task == "counts":
+        y = np.random.default_rng(1).poisson(np.exp(1.0 + np.sin(2.0 * X[:, 0]))).astype(float)
+    kw = dict(n_inducing=20, max_iter=30, random_state=0)
+    with pytest.warns(ConvergenceWarning, match=r"diverged: in epoch 1 .* the parameters of the "
+                                                r"start are kept .* reduce learning_rate") as rec:
+        est = make(learning_rate=1e3, **kw).fit(X, y)
+    assert sum("diverged" in str(w.message) for w in rec) == 1
+    assert est.n_iter_ == 1 and len(est.history_) == 1
+    # the start's parameters are kept, and objective_ is their full-data objective
+    assert np.isfinite(est.objective_) and est.objective_ > est.history_[0]
+    t = est._encode_targets(y, first_call=False)
+    elbo = est.model_.elbo(np.ascontiguousarray(X, dtype=np.float64), t)[0]
+    np.testing.assert_allclose(est.objective_, elbo + est.log_prior_, rtol=1e-10)
+    out = est.predict_proba(X) if is_classifier(est) else est.predict(X, return_std=True)
+    assert _all_finite(*np.atleast_2d(out), est.kernel_.theta, est.model_.q_mu, est.model_.Z)
+    # the default step does not diverge on the same data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", "SVGP .* stopped after max_iter", ConvergenceWarning)
+        warnings.filterwarnings("ignore", "Number of distinct clusters", ConvergenceWarning)
+        healthy = make(**kw).fit(X, y)
+    assert healthy.objective_ > est.objective_
