@@ -190,3 +190,37 @@ def test_a_diverging_stochastic_fit_is_reported_and_keeps_its_best_parameters(ma
         warnings.filterwarnings("ignore", "Number of distinct clusters", ConvergenceWarning)
         healthy = make(**kw).fit(X, y)
     assert healthy.objective_ > est.objective_
+
+
+# ---------------------------------------------------------------- the Opper-Archambeau baseline
+def test_opper_archambeau_says_how_far_below_the_optimum_it_stopped():
+    # Before: "did not converge in inner_max_iter=200 iterations; increase it or tol", with no
+    # word of how far (750 points of banana, RBF(1, 1): 0.066 below the optimum, 2.2e-4 relative).
+    import re
+
+    X, y = _binary(80, seed=3)
+    kw = dict(kernel=pygpfast.kernels.RBF(variance=4.0, lengthscale=1.0),
+              optimize_hyperparameters=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fp = pygpfast.VGPClassifier(**kw).fit(X, y)
+    with pytest.warns(ConvergenceWarning) as rec:
+        oa = pygpfast.VGPClassifier(method="opper-archambeau", inner_max_iter=4, **kw).fit(X, y)
+    (message,) = [str(w.message) for w in rec]
+    found = re.search(r"stopped at inner_max_iter=4 iterations (\S+) \((\S+) relative\) below "
+                      r"the optimum of the bound at the fitted hyperparameters: (\S+) against "
+                      r"(\S+) \(reached by the fixed-point method in \d+ iterations? from its "
+                      r"result\); increase inner_max_iter, or use method='fixed-point'", message)
+    assert found, message
+    gap, relative, at, optimum = map(float, found.groups())
+    np.testing.assert_allclose(at, oa.objective_, rtol=1e-9)
+    np.testing.assert_allclose(optimum, fp.objective_, rtol=1e-7)
+    np.testing.assert_allclose(gap, fp.objective_ - oa.objective_, rtol=5e-3)  # (3 digits)
+    np.testing.assert_allclose(relative, gap / abs(fp.objective_), rtol=0.05)
+    assert gap > 1e-3
+    # run long enough, it reaches the optimum and says nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        done = pygpfast.VGPClassifier(method="opper-archambeau", inner_max_iter=5000, tol=1e-10,
+                                      **kw).fit(X, y)
+    np.testing.assert_allclose(done.objective_, fp.objective_, rtol=1e-6)
