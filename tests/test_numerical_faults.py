@@ -28,6 +28,119 @@ def _all_finite(*arrays):
     return all(np.all(np.isfinite(np.asarray(a, dtype=np.float64))) for a in arrays)
 
 
+# ---------------------------------------------------------------- every estimator on every data set
+def _shared_data():
+    """``$PYGPFAST_SHARED_DATA``, else ``shared/data`` beside the checkout or one of its parents
+    (a git worktree under another folder), as bench/python/common.py finds it; None if absent."""
+    if os.environ.get("PYGPFAST_SHARED_DATA"):
+        path = Path(os.environ["PYGPFAST_SHARED_DATA"])
+        return path if path.is_dir() else None
+    return next((p / "shared" / "data" for p in Path(__file__).resolve().parents
+                 if (p / "shared" / "data").is_dir()), None)
+
+
+#: Rows per data set (a random subsample), and the sets of each task with their arrays:
+#: (file, X key, y key, reshape X to 2-D).
+_ROWS = 200
+_SETS = {
+    "binary": [(f"ratsch_{name}.npz", "X", "y") for name in (
+        "banana", "breast_cancer", "diabetis", "flare_solar", "german", "heart", "image",
+        "ringnorm", "splice", "thyroid", "titanic", "twonorm", "waveform")]
+    + [("uci_ionosphere.npz", "X", "y"), ("uci_sonar.npz", "X", "y"), ("uci_pima.npz", "X", "y"),
+       ("uci_wdbc.npz", "X", "y"), ("usps_3vs5.npz", "X", "y")],
+    "multiclass": [("uci_glass.npz", "X", "y"), ("usps_full.npz", "X_train", "y_train"),
+                   ("mnist_test_only.npz", "x_test", "y_test")],
+    "regression": [("uci_parkinsons_telemonitoring.npz", "X", "y_motor"),
+                   ("sarcos_inv_test.npz", "X", "y")],
+    # (Poisson's quasi-likelihood takes real y >= 0: the total UPDRS scores, 7 to 55)
+    "counts": [("uci_parkinsons_telemonitoring.npz", "X", "y_total")],
+}
+
+#: Every case of test_estimators_common.ESTIMATORS at its default settings but for the number
+#: of iterations (and IS-MOE's samples): (id, factory, task).
+_DEFAULTS = [
+    ("SVGPClassifier", lambda: pygpfast.SVGPClassifier(max_iter=30), "binary"),
+    ("SVGPClassifier-softmax", lambda: pygpfast.SVGPClassifier(max_iter=30), "multiclass"),
+    ("SVGPClassifier-mf", lambda: pygpfast.SVGPClassifier(method="mf", max_iter=15), "binary"),
+    ("SVGPClassifier-natgrad", lambda: pygpfast.SVGPClassifier(optimizer="natgrad", max_iter=5),
+     "binary"),
+    ("SVGPRegressor", lambda: pygpfast.SVGPRegressor(max_iter=30), "regression"),
+    ("SVGPRegressor-poisson", lambda: pygpfast.SVGPRegressor(likelihood="poisson", max_iter=30),
+     "counts"),
+    ("VGPClassifier", lambda: pygpfast.VGPClassifier(max_iter=15), "binary"),
+    ("VGPClassifier-softmax", lambda: pygpfast.VGPClassifier(likelihood="softmax", max_iter=10),
+     "multiclass"),
+    ("VGPClassifier-ordinal", lambda: pygpfast.VGPClassifier(likelihood="ordinal", max_iter=10),
+     "multiclass"),
+    ("VGPPoissonRegressor", lambda: pygpfast.VGPPoissonRegressor(max_iter=15), "counts"),
+    ("IVMClassifier", lambda: pygpfast.IVMClassifier(max_iter=6), "binary"),
+    ("IVMClassifier-joint", lambda: pygpfast.IVMClassifier(max_iter=6), "multiclass"),
+    ("IVMClassifier-ovr", lambda: pygpfast.IVMClassifier(max_iter=6, multi_class="ovr"),
+     "multiclass"),
+    ("ISMOERegressor", lambda: pygpfast.ISMOERegressor(n_samples=4, max_iter=30), "regression"),
+    ("ISMOERegressor-minibatch", lambda: pygpfast.ISMOERegressor(
+        n_samples=4, batch_size=50, psis=True, max_iter=30), "regression"),
+    ("ISMOEClassifier", lambda: pygpfast.ISMOEClassifier(n_samples=4, max_iter=30), "binary"),
+    ("ISMOEClassifier-logit-random", lambda: pygpfast.ISMOEClassifier(
+        likelihood="logit", partition="random", n_samples=4, max_iter=30), "binary"),
+]
+
+
+def test_the_data_set_sweep_covers_every_estimator_case():
+    assert [case[0] for case in _DEFAULTS] == IDS
+
+
+def _load(folder, file, x_key, y_key):
+    data = np.load(folder / file)
+    X, y = data[x_key], data[y_key]
+    rows = np.random.default_rng(0).permutation(len(y))[:_ROWS]
+    return X[rows].reshape(len(rows), -1), y[rows]  # (MNIST's images as rows of pixels)
+
+
+def test_no_nan_or_inf_from_any_estimator_on_any_data_set():
+    """Each estimator at its defaults (few iterations) on a subsample of each data set of its
+    task in shared/data, raw features as stored (unscaled Pima, float32 USPS, uint8 MNIST):
+    objective_, history_, the fitted kernel's theta, and every prediction (latent marginals,
+    class probabilities and their logarithms, predictive means and standard deviations) are
+    finite. Warnings about convergence (few iterations) and numerical safeguards are expected;
+    any other (a numpy RuntimeWarning from an overflow, say) is a fault."""
+    folder = _shared_data()
+    if folder is None or not (folder / "ratsch_banana.npz").exists():
+        pytest.skip("shared/data is not available (set PYGPFAST_SHARED_DATA)")
+    faults, fits = [], 0
+    for task, sets in _SETS.items():
+        for file, x_key, y_key in sets:
+            X, y = _load(folder, file, x_key, y_key)
+            for name, make, case_task in _DEFAULTS:
+                if case_task != task:
+                    continue
+                where = f"{name} on {file} ({y_key})"
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    warnings.simplefilter("ignore", ConvergenceWarning)
+                    warnings.simplefilter("ignore", NumericalWarning)
+                    try:
+                        est = make().set_params(random_state=0).fit(X, y)
+                        outputs = {"objective_": est.objective_, "history_": est.history_,
+                                   "kernel_.theta": est.kernel_.theta,
+                                   "predict_latent": est.predict_latent(X)}
+                        if is_classifier(est):
+                            outputs["predict_proba"] = est.predict_proba(X)
+                            outputs["predict_log_proba"] = est.predict_log_proba(X)
+                        else:
+                            outputs["predict"] = est.predict(X, return_std=True)
+                    except Exception as error:  # (recorded: the report lists every fault)
+                        faults.append(f"{where}: {type(error).__name__}: {error}")
+                        continue
+                fits += 1
+                bad = [key for key, value in outputs.items()
+                       if not _all_finite(*np.atleast_1d(value))]
+                if bad:
+                    faults.append(f"{where}: not finite: {', '.join(bad)}")
+    assert not faults, "\n".join(faults)
+    assert fits == 7 * 18 + 5 * 3 + 3 * 2 + 2 * 1
+
+
 # ---------------------------------------------------------------- likelihoods in the far tails
 @pytest.mark.parametrize("make,labels", [
     (lambda: lik.Gaussian(variance=0.5), (-3.0, 0.0, 2.0)),
