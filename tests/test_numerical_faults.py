@@ -263,6 +263,105 @@ def test_vgp_class_probabilities_are_finite_in_the_far_tails(small_vgp_models, l
     assert np.all(log_proba.max(axis=1) > -1e-6)  # (one class takes it all out there)
 
 
+# ---------------------------------------------------------------- near-singular kernels
+def _duplicated(n_distinct=12, copies=10, seed=0):
+    rng = np.random.default_rng(seed)
+    X = np.repeat(rng.uniform(-2.0, 2.0, (n_distinct, 2)), copies, axis=0)
+    f = np.sin(2.0 * X[:, 0]) + 0.5 * X[:, 1]
+    return X, (f > 0).astype(int), f
+
+
+@pytest.mark.parametrize("kw", [dict(max_iter=20), dict(optimizer="natgrad", max_iter=3),
+                                dict(method="mf", max_iter=10), dict(whiten=False, max_iter=10)],
+                         ids=["lbfgs", "natgrad", "mf", "unwhitened"])
+def test_svgp_jitter_escalation_warns_once_per_fit(kw):
+    # K(Z, Z) on duplicated inducing inputs without jitter: the core escalates at every
+    # evaluation (20 to 30 warnings per fit before, one per step and jitter value)
+    X, y, _ = _duplicated()
+    est = pygpfast.SVGPClassifier(inducing_points=X[::4], jitter=0.0, random_state=0,
+                                  optimize_hyperparameters=False, **kw)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        est.fit(X, y)
+    jitter = [str(w.message) for w in rec if issubclass(w.category, NumericalWarning)
+              and "K(Z, Z) was not numerically positive definite" in str(w.message)]
+    assert len(jitter) == 1, jitter
+    assert "use fewer or distinct inducing_points, or increase jitter" in jitter[0]
+    with pytest.warns(NumericalWarning, match="K\\(Z, Z\\) was not numerically") as rec:
+        proba = est.predict_proba(X)  # (which escalates as well: one warning per call)
+    assert len(rec) == 1 and _all_finite(proba, est.objective_)
+    # partial_fit: one per call
+    stream = pygpfast.SVGPClassifier(inducing_points=X[::4], jitter=0.0, random_state=0)
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            stream.partial_fit(X, y, classes=[0, 1])
+        assert sum(issubclass(w.category, NumericalWarning) for w in rec) == 1
+
+
+def test_duplicated_rows_tiny_lengthscales_fit_every_family_at_the_default_jitter():
+    X, y, f = _duplicated()
+    RBF = pygpfast.kernels.RBF
+    for kernel in (RBF(lengthscale=1.0), RBF(lengthscale=1e-8), RBF(lengthscale=1e8)):
+        for est, target in [
+            (pygpfast.SVGPClassifier(n_inducing=30, max_iter=10), y),
+            (pygpfast.SVGPRegressor(n_inducing=30, max_iter=10), f),
+            (pygpfast.VGPClassifier(max_iter=5), y),
+            (pygpfast.VGPPoissonRegressor(max_iter=5), np.round(np.exp(f))),
+            (pygpfast.IVMClassifier(active_size=30, max_iter=3), y),
+            (pygpfast.ISMOERegressor(n_experts=2, n_samples=4, max_iter=10), f),
+            (pygpfast.ISMOEClassifier(n_experts=2, n_samples=4, max_iter=10), y),
+        ]:
+            est.set_params(kernel=kernel, optimize_hyperparameters=False, random_state=0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)  # (degenerate on purpose)
+                est.fit(X, target)
+            out = est.predict_proba(X) if is_classifier(est) else est.predict(X, return_std=True)
+            assert _all_finite(*np.atleast_2d(out), est.objective_), (est, kernel)
+
+
+def test_a_matrix_no_jitter_can_save_fails_with_what_to_change():
+    A = np.array([[1.0, 2.0], [2.0, 1.0]])  # (an eigenvalue of -1: no jitter up to 1e-4 helps)
+    with pytest.raises(pygpfast.LinAlgError, match="Remove duplicate inputs, increase the "
+                                                   "noise/white variance, or increase the "
+                                                   "lengthscale's lower bound"):
+        pygpfast.linalg.cholesky(A)
+    # where escalation is enough: one warning, and L L^T = A + jitter I
+    with pytest.warns(NumericalWarning, match="added jitter") as rec:
+        L = pygpfast.linalg.cholesky(np.ones((3, 3)))
+    assert len(rec) == 1
+    np.testing.assert_allclose(L @ L.T, np.ones((3, 3)), atol=1e-8)
+
+
+@pytest.mark.parametrize("make,variance,match", [
+    (lambda: pygpfast.SVGPClassifier(n_inducing=20, max_iter=5), 1e300,
+     "the kernel's scale overflows float64 .* use a kernel of smaller variance"),
+    (lambda: pygpfast.SVGPRegressor(n_inducing=20, max_iter=5), 1e300,
+     "the kernel's scale overflows float64 .* use a kernel of smaller variance"),
+    (lambda: pygpfast.VGPClassifier(max_iter=5), 1e20,
+     "VGPClassifier: at the kernel .* use a kernel of smaller variance"),
+    (lambda: pygpfast.VGPClassifier(method="opper-archambeau", max_iter=5), 1e300,
+     "VGPClassifier: at the kernel .* use a kernel of smaller variance"),
+    (lambda: pygpfast.VGPPoissonRegressor(max_iter=5), 1e20,
+     "VGPPoissonRegressor: at the kernel .* use a kernel of smaller variance"),
+    (lambda: pygpfast.IVMClassifier(active_size=30, max_iter=3), 1e20,
+     "add a White kernel or raise the lengthscale's lower bound"),
+], ids=["SVGPClassifier", "SVGPRegressor", "VGPClassifier", "VGPClassifier-oa",
+        "VGPPoissonRegressor", "IVMClassifier-joint"])
+def test_huge_kernel_variances_fail_with_what_to_change(make, variance, match):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2.0, 2.0, (120, 2))
+    f = np.sin(2.0 * X[:, 0]) + 0.5 * X[:, 1]
+    est = make()
+    y = (np.digitize(f, [-0.5, 0.5]) if isinstance(est, pygpfast.IVMClassifier)
+         else np.round(np.exp(f)) if isinstance(est, pygpfast.VGPPoissonRegressor)
+         else f if not is_classifier(est) else (f > 0).astype(int))
+    kernel = pygpfast.kernels.RBF(variance=variance) + pygpfast.kernels.RBF(variance=variance)
+    est.set_params(kernel=kernel, optimize_hyperparameters=False, random_state=0)
+    with pytest.raises((pygpfast.LinAlgError, ValueError), match=match):
+        est.fit(X, y)
+
+
 # ---------------------------------------------------------------- diverging stochastic fits
 def _binary(n=300, seed=0):
     rng = np.random.default_rng(seed)

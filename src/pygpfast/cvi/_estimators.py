@@ -130,26 +130,44 @@ class _Run:
         self.last = None
         self.evaluations = 0
 
+    def _cold(self):
+        """The inference from the start, its failure (LinAlgError, or ValueError for an
+        Opper-Archambeau bound that overflows there) told in the estimator's terms: the core's
+        messages speak of the site parameters, which the estimators choose themselves."""
+        self.alpha, self.lambda_ = self.start[0].copy(), self.start[1].copy()
+        try:
+            return self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
+        except (LinAlgError, ValueError) as error:
+            kernel = self.hyper.kernel
+            top = float(np.max(kernel.diag(self.X)))
+            raise type(error)(
+                f"{error}. {type(self.estimator).__name__}: at the kernel {kernel!r} (prior "
+                f"variance up to {top:.3g}) the inference fails from its own start: use a "
+                "kernel of smaller variance or longer lengthscales (or, when the hyperparameters "
+                "are searched, priors or bounds that keep them moderate), remove duplicate rows, "
+                "or increase jitter") from error
+
     def evaluate(self, theta):
         """The bound and its gradients at theta: (info, (d_kernel, d_mean, d_thresholds))."""
         self.hyper.set(theta)
         self.evaluations += 1
         warm = not (np.array_equal(self.alpha, self.start[0])
                     and np.array_equal(self.lambda_, self.start[1]))
-        try:
-            out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
-            stalled = not out[0]["converged"]
-        # (ValueError: the Opper-Archambeau bound overflowed at the warm start)
-        except (LinAlgError, ValueError):
-            if not warm:
-                raise
-            stalled = True
-        if warm and stalled:
-            # A warm start from far-away hyperparameters can push the rank-one updates into
-            # rounding trouble (a site precision so large that the cavity precision
-            # 1/v - lambda has no digits left) or stall; the cold start is the safe one.
-            self.alpha, self.lambda_ = self.start[0].copy(), self.start[1].copy()
-            out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha, self.lambda_)
+        if not warm:
+            out = self._cold()
+        else:
+            try:
+                out = self.estimator._inference(self.hyper, self.X, self.t, self.alpha,
+                                                self.lambda_)
+                stalled = not out[0]["converged"]
+            # (ValueError: the Opper-Archambeau bound overflowed at the warm start)
+            except (LinAlgError, ValueError):
+                stalled = True
+            if stalled:
+                # A warm start from far-away hyperparameters can push the rank-one updates into
+                # rounding trouble (a site precision so large that the cavity precision
+                # 1/v - lambda has no digits left) or stall; the cold start is the safe one.
+                out = self._cold()
         info, alpha, lam, grads = out
         # The next evaluation starts here; lambda >= 0 keeps Omega + Lambda positive definite
         # for any kernel (the piecewise bounds allow slightly negative site precisions).

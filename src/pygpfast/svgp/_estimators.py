@@ -22,7 +22,7 @@ from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._params import (BOOL, COMMON, NONE, Interval, Kind, Options, check_int,
                              check_params)
 from .._validation import as_matrix, as_vector, check_same_dim, power_of_two_unit
-from ..exceptions import warn_at_caller
+from ..exceptions import JitterReport, warn_at_caller
 from . import _mf
 from ._model import SVGP
 from ._optim import StochasticTrainer, fit_lbfgs, natural_gap
@@ -224,7 +224,8 @@ class _SVGPEstimator(GPEstimator):
         X, y = self._validate_Xy(X, y, reset=True)
         t = self._encode_targets(y, first_call=True)
         try:
-            return self._fit_encoded(X, t)
+            with JitterReport():  # (one NumericalWarning for all the fit's escalations)
+                return self._fit_encoded(X, t)
         except BaseException:  # (a failed step, or a callback that raised, KeyboardInterrupt too)
             self._forget()
             raise
@@ -507,7 +508,8 @@ class _SVGPEstimator(GPEstimator):
         # keeps partial_fit's memory that of fit.)
         before = copy.deepcopy(self._fitted_state(), {id(a): a for a in self._replaced_arrays()})
         try:
-            return self._partial_fit(X, y, classes, n_total)
+            with JitterReport():  # (one NumericalWarning for all the call's escalations)
+                return self._partial_fit(X, y, classes, n_total)
         except BaseException:
             for name in self._fitted_state():
                 delattr(self, name)
