@@ -457,11 +457,19 @@ void predict_mean_and_var(const Likelihood& lik, const double* mu, const double*
       return;
     }
     case LikelihoodType::Poisson:
-      // E[y] = E[exp(f)]; Var[y] = E[exp(f)] + Var[exp(f)] (log-normal rate).
+      // E[y] = E[exp(f)]; Var[y] = E[exp(f)] + Var[exp(f)] (log-normal rate), the second term
+      // exp(2 mu + var) (e^var - 1) taken in log space: as the product expm1(var) m^2 it was
+      // 0 * inf = NaN where m underflows and expm1(var) overflows (mu = -1e5, var = 1e3).
       for_each_point(n, 1, [&](index_t i) {
-        const double m = std::exp(mu[i] + 0.5 * var[i]);
+        const double v = var[i];
+        const double m = std::exp(mu[i] + 0.5 * v);
         mean[i] = m;
-        variance[i] = m + (var[i] > 0.0 ? std::expm1(var[i]) * m * m : 0.0);  // (not 0 * inf)
+        if (v > 0.0) {
+          const double log_expm1 = v > 1.0 ? v + std::log1p(-std::exp(-v)) : std::log(std::expm1(v));
+          variance[i] = m + std::exp(2.0 * mu[i] + v + log_expm1);
+        } else {
+          variance[i] = m;
+        }
       });
       return;
     case LikelihoodType::Softmax: {

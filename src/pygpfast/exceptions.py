@@ -46,14 +46,60 @@ def warn_at_caller(message, category=NumericalWarning):
     warnings.warn(message, category, stacklevel=outermost + 1)
 
 
+class _JitterReports(threading.local):
+    """The :class:`JitterReport` blocks active on a thread, innermost last."""
+
+    def __init__(self):
+        self.stack = []
+
+
+_jitter_reports = _JitterReports()
+
+
 def warn_inducing_jitter(who, extra, mean_diag):
     """The NumericalWarning for `extra` jitter (absolute) added to K(Z, Z), whose mean diagonal
-    is `mean_diag`, by the core's escalation (factors of 10: the message takes few values)."""
-    if extra > 0:
-        warn_at_caller(
-            f"{who}: K(Z, Z) was not numerically positive definite; added jitter of "
-            f"{extra / mean_diag:.0e} times its mean diagonal. Inducing points may be "
-            "duplicated; consider fewer of them or a larger jitter.")
+    is `mean_diag`, by the core's escalation; within a :class:`JitterReport` block on this
+    thread, recorded there instead (the block's end issues one warning for all)."""
+    if not extra > 0:
+        return
+    relative = extra / mean_diag
+    if _jitter_reports.stack:
+        _jitter_reports.stack[-1]._record(who, relative)
+        return
+    warn_at_caller(_jitter_message(who, relative, 1))
+
+
+def _jitter_message(who, relative, count):
+    times = "" if count == 1 else f" (in {count} evaluations)"
+    return (f"{who}: K(Z, Z) was not numerically positive definite; added jitter of up to "
+            f"{relative:.0e} times its mean diagonal{times}. Inducing points may be duplicated: "
+            "use fewer or distinct inducing_points, or increase jitter.")
+
+
+class JitterReport:
+    """Within a ``with`` block on this thread, :func:`warn_inducing_jitter` records the jitter
+    escalations (the largest and how many) instead of warning at each; leaving the block issues
+    one NumericalWarning for them all (through :func:`warn_at_caller`, so a
+    :class:`HeldWarnings` block around it holds it). A fit evaluates K(Z, Z) at every step: one
+    warning per fit, not one per step (nor one per distinct jitter)."""
+
+    def __init__(self):
+        self._who, self._largest, self._count = None, 0.0, 0
+
+    def _record(self, who, relative):
+        self._who = self._who or who
+        self._largest = max(self._largest, relative)
+        self._count += 1
+
+    def __enter__(self):
+        _jitter_reports.stack.append(self)
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        _jitter_reports.stack.pop()
+        if self._count and kind is None:
+            warn_at_caller(_jitter_message(self._who, self._largest, self._count))
+        return False
 
 
 class HeldWarnings:

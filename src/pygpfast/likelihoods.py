@@ -315,6 +315,12 @@ class Poisson(Likelihood):
     Variational expectations and predictive moments are closed form; the log predictive
     density uses Gauss-Hermite quadrature in log space. No parameters.
 
+    Far tails: every output is finite for log rates ``mu + var / 2`` up to log(max float64)
+    ~ 709.78 (and however far below; a latent mean of -1e5 with variance 1e3 included), the
+    predictive variance while ``2 (mu + var)`` is. Beyond that the rate itself overflows: the
+    expected log-likelihood, its derivatives and the log predictive density are -inf and the
+    predictive mean and variance +inf (never NaN).
+
     Parameters
     ----------
     n_gh : int, default 20

@@ -16,6 +16,7 @@ enum class LikelihoodType : int {
   BernoulliProbit = 1,  // y in {0, 1}, p(y=1|f) = Phi(f), or with label noise; Gauss-Hermite
   BernoulliLogit = 2,   // y in {0, 1}, p(y=1|f) = sigmoid(f), or with label noise; Gauss-Hermite
   Poisson = 3,          // y >= 0 (counts; real y by the same formula), rate exp(f); closed form
+                        // (log rates mu + var/2 beyond ~709.78 overflow: -inf values, +inf moments)
   Softmax = 4,          // y in {0, ..., C - 1}, p(y=c|f) = softmax_c(f), C = num_classes >= 2
 };
 

@@ -301,6 +301,17 @@ class BlockEvaluator {
     if (q_.mean != nullptr)
       for (index_t n = 0; n < nb; ++n)
         for (index_t l = 0; l < L; ++l) mu[n * L + l] += q_.mean[l];
+    // Products of kernel values beyond ~1e154 overflow (K(X, Z) Kzz^-1 K(Z, X) at a kernel
+    // variance of 1e300): the likelihood's check would name a NaN mean and not its cause.
+    for (index_t k = 0; k < nb * L; ++k)
+      if (!(std::isfinite(mu[k]) && std::isfinite(var[k])))
+        throw LinAlgError("svgp", 1,
+                          "the marginal of q(f) at row " + std::to_string(n0 + k / L) + " is not finite (mean " +
+                              format_value(mu[k]) + ", variance " + format_value(var[k]) +
+                              ", prior variance k(x, x) = " + format_value(kdiag[k / L]) +
+                              "): the kernel's scale overflows float64 in the ELBO's products; use a "
+                              "kernel of smaller variance (bounds or priors that keep it moderate) or "
+                              "rescale the targets");
     likelihoods::variational_expectations(lik_, batch_.y + n0, mu, var, nb, f_ + n0, gmu_ + n0 * L,
                                           gvar_ + n0 * L, gpar_ + n0);
     if (!wants_.grads) return MatrixView();

@@ -22,7 +22,7 @@ from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._params import (BOOL, COMMON, NONE, Interval, Kind, Options, check_int,
                              check_params)
 from .._validation import as_matrix, as_vector, check_counts, check_same_dim, power_of_two_unit
-from ..exceptions import warn_at_caller
+from ..exceptions import JitterReport, warn_at_caller
 from . import _mf
 from ._model import SVGP
 from ._optim import StochasticTrainer, fit_lbfgs, natural_gap
@@ -56,8 +56,9 @@ class _SVGPEstimator(GPEstimator):
     #: moments, the core's K(Z, Z) factors. A little under the measured peaks (resident set):
     #: L-BFGS-B 37.5 M^2 doubles at L = 1 (M = 2100) and 155 at L = 5 (M = 1000); natgrad 16.6,
     #: 54 and 1550 at L = 1, 5 and 200 (M = 600); Adam 19.9 at L = 1. The mean-field method
-    #: counts as L-BFGS-B.
-    _FIT_MATRICES = {"lbfgs": (28, 5), "natgrad": (7.5, 8), "adam": (12, 7), "adadelta": (12, 7)}
+    #: counts as L-BFGS-B. The stochastic optimisers' fit holds one more L M^2 for the q_sqrt of
+    #: its best epoch (_run_epochs' snapshot), not in those measurements.
+    _FIT_MATRICES = {"lbfgs": (28, 5), "natgrad": (8.5, 8), "adam": (13, 7), "adadelta": (13, 7)}
 
     #: optimizer="auto" uses full-batch L-BFGS-B up to this many rows.
     LBFGS_AUTO_MAX_ROWS = 10_000
@@ -71,6 +72,21 @@ class _SVGPEstimator(GPEstimator):
     #: the most reductions before a plateau stops the fit (see _run_epochs).
     _STEP_REDUCTION = 0.2
     _MAX_STEP_REDUCTIONS = 2
+    #: The stochastic optimisers (fit): an epoch whose mean ELBO per row falls below the best
+    #: so far (the start's included) by more than this, relative to max(1, |best ELBO / N|),
+    #: or is not finite, has diverged (see _run_epochs). Healthy fits' epochs fell below their
+    #: best by minibatch noise only: at most 6% (Adam, Adadelta and natural gradients at their
+    #: default steps on 300 rows, probit, Gaussian and Poisson), 48% for natural gradients on
+    #: Poisson counts of 1e4 (2000 rows, M = 20); at learning_rate=1e3 the same fits fell by
+    #: factors of 14 to 1e232.
+    _DIVERGENCE = 2.0
+    #: ... and so has an epoch in which one step moved a packed coordinate (a log
+    #: hyperparameter, Z in units of its spread) by more than this: a factor of 1000 in a
+    #: hyperparameter. Adam's steps are at most about 3.2 learning_rate (its bias-corrected
+    #: ratio), so only steps of learning_rate above about 2 reach it; at 1e3 natural gradients
+    #: on probit threw the hyperparameters from one bound of their box to the other while the
+    #: ELBO stayed near the start's (it cannot fall far: log Phi <= 0).
+    _MAX_MOVE = np.log(1e3)
     #: Adam and Adadelta (fit): a ConvergenceWarning when one full-data natural-gradient step
     #: on q(u) would raise the ELBO per row by more than this (relative to max(1, |ELBO / N|)).
     _Q_GAP_TOL = 0.01
@@ -207,7 +223,8 @@ class _SVGPEstimator(GPEstimator):
         X, y = self._validate_Xy(X, y, reset=True)
         t = self._encode_targets(y, first_call=True)
         try:
-            return self._fit_encoded(X, t)
+            with JitterReport():  # (one NumericalWarning for all the fit's escalations)
+                return self._fit_encoded(X, t)
         except BaseException:  # (a failed step, or a callback that raised, KeyboardInterrupt too)
             self._forget()
             raise
@@ -302,6 +319,19 @@ class _SVGPEstimator(GPEstimator):
             self.n_steps_ = self._trainer.t
             converged = stopped != "max_iter"
             unit = "epochs"
+            if stopped == "diverged":
+                (kept, top, move), fell = gap, self._history[-1]
+                where = "the start" if kept == 0 else f"epoch {kept}"
+                what = (f"the ELBO per row fell to {fell / N:.4g} from {top / N:.4g} at {where}"
+                        if not fell / N >= top / N - self._DIVERGENCE * max(1.0, abs(top) / N)
+                        else f"one step moved a log hyperparameter or inducing input by {move:.3g}")
+                warn_at_caller(
+                    f"SVGP ({optimizer}) diverged: in epoch {self.n_iter_} {what}; the parameters "
+                    f"of {where} are kept (ELBO {top:.6g}, objective_). The steps are too large: "
+                    f"reduce learning_rate (Adam's or Adadelta's step size, "
+                    f"{self._trainer.opt.lr:g} here)"
+                    + (" or natgrad_step" if self._trainer.natural else ""),
+                    ConvergenceWarning)
             if stopped == "q_gap":
                 (gap, scale), opt = gap, self.optimizer_
                 measured = (f"one natural-gradient step on q(u) would still raise it by {gap:.3g} "
@@ -341,20 +371,37 @@ class _SVGPEstimator(GPEstimator):
         Measured: Adam at 0.01 on Poisson counts of 6e4 (20 000 rows, M = 30) stalled at an
         ELBO of -7.41 per row against natural gradients' -7.02, and reached -7.02 after the two
         reductions; on 2000 rows it stalled at -31.6 against -7.5 and the reductions do not
-        help (the crawl only slows), so that fit warns. Returns (epochs, why it stopped:
-        'converged', 'callback', 'max_iter' or 'q_gap', the last (gap, scale) measured or
-        None)."""
+        help (the crawl only slows), so that fit warns.
+
+        Divergence: the parameters at the best epoch (by its mean ELBO, plus the log prior when
+        there are priors), or at the start (its full-data value, one pass), are kept. An epoch
+        that falls below that best by more than _DIVERGENCE max(1, |best / N|) per row, whose
+        ELBO is not finite, or in which a step moved a coordinate by more than _MAX_MOVE, ends
+        the fit with them restored (objective_ their value).
+
+        Returns (epochs, why it stopped: 'converged', 'callback', 'max_iter', 'q_gap' or
+        'diverged', and for 'q_gap' the last (gap, scale) measured, for 'diverged' (the epoch
+        kept, 0 for the start, its objective, the largest move of the last epoch), else the
+        last gap measured or None)."""
         N = X.shape[0]
         batches = minibatches(X, t, B, self._rng)
         steps = -(-N // B)
         trainer = self._trainer
         best, stall, reductions, gap = -np.inf, 0, 0, None
+        top, kept = self._data_objective(X, t, B), (0, self._snapshot())
         max_iter = self._max_iter(self.optimizer_)
         for epoch in range(1, max_iter + 1):
             t0 = time.perf_counter()
             elbo, rows = trainer.run(batches, steps, N)
             if self._report_step(epoch, elbo, rows / max(time.perf_counter() - t0, 1e-12)):
                 return epoch, "callback", gap
+            if (not elbo / N >= top / N - self._DIVERGENCE * max(1.0, abs(top) / N)
+                    or trainer.largest_move > self._MAX_MOVE):
+                self._restore(kept[1])
+                self.objective_ = top
+                return epoch, "diverged", (kept[0], top, trainer.largest_move)
+            if elbo > top:
+                top, kept = elbo, (epoch, self._snapshot())
             if elbo / N > best + self.tol:
                 best, stall = elbo / N, 0
                 continue
@@ -376,6 +423,27 @@ class _SVGPEstimator(GPEstimator):
                 print(f"[{type(self).__name__}] the ELBO stalled with q(u) {short} short of its "
                       f"optimum: step size reduced to {trainer.opt.lr:.3g}", flush=True)
         return max_iter, "max_iter", gap
+
+    def _data_objective(self, X, t, B):
+        """The full-data ELBO (plus the log prior when there are priors) at the model's
+        current parameters: one pass in blocks of max(B, 2048) rows."""
+        model, N = self.model_, X.shape[0]
+        value = 0.0
+        for start, block in iter_blocks(X, max(B, 2048)):
+            n = len(block)
+            value += n / N * model.elbo(block, t[start : start + n], scale=N / n)[0]
+        return value + self._log_prior(model)
+
+    def _snapshot(self):
+        """The model's parameters, for :meth:`_restore`: q(u), Z and the prior mean by reference
+        (the optimisers' steps replace those arrays, never change them in place), the kernel's
+        and the likelihood's theta by value."""
+        m = self.model_
+        return m.q_mu, m.q_sqrt, m.Z, m.prior_mean, m.kernel.theta, m.likelihood.theta
+
+    def _restore(self, snapshot):
+        m = self.model_
+        m.q_mu, m.q_sqrt, m.Z, m.prior_mean, m.kernel.theta, m.likelihood.theta = snapshot
 
     def _q_gap(self, X, t, B):
         """(the natural-gradient gap of q(u) per row, max(1, |ELBO / N|)) on the data X, t: see
@@ -439,7 +507,8 @@ class _SVGPEstimator(GPEstimator):
         # keeps partial_fit's memory that of fit.)
         before = copy.deepcopy(self._fitted_state(), {id(a): a for a in self._replaced_arrays()})
         try:
-            return self._partial_fit(X, y, classes, n_total)
+            with JitterReport():  # (one NumericalWarning for all the call's escalations)
+                return self._partial_fit(X, y, classes, n_total)
         except BaseException:
             for name in self._fitted_state():
                 delattr(self, name)

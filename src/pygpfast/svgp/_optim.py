@@ -418,6 +418,9 @@ class StochasticTrainer:
     _MAX_HALVINGS = 30
     #: The factor by which :meth:`reduce_step` has scaled Adam's or Adadelta's step size.
     step_scale = 1.0
+    #: The largest change of one packed coordinate (a log hyperparameter, a coordinate of Z in
+    #: units of its column's spread, of q in its prior's) in one step of the last :meth:`run`.
+    largest_move = 0.0
 
     def __init__(self, model, *, optimizer, learning_rate, natgrad_step=None, train_Z=True,
                  train_hyper=True):
@@ -441,15 +444,23 @@ class StochasticTrainer:
     def run(self, batches, n_steps, n_total):
         """Take ``n_steps`` steps on minibatches drawn from the iterator ``batches``, each
         weighted as a sample of ``n_total`` rows. Returns the mean minibatch ELBO
-        estimate and the number of rows used."""
+        estimate and the number of rows used.
+
+        A minibatch whose ELBO or gradient is not finite (a step so large that a rate exp(f)
+        overflowed, say) ends the run there without a step: the parameters stay those that gave
+        it, and the mean returned is -inf (the estimators' fit then restores its best ones)."""
         model, packer = self.model, self.packer
         x = packer.get()
         hyper = packer.apply(x)
         total, rows = 0.0, 0
+        self.largest_move = 0.0
         for _ in range(n_steps):
             X_b, t_b = next(batches)
             value, g = model.elbo(X_b, t_b, scale=n_total / X_b.shape[0], with_grad=True,
                                   natural=self.natural, hyper=hyper)
+            if not (np.isfinite(value) and all(np.isfinite(v).all() for v in g.values())):
+                total, rows = -np.inf, rows + X_b.shape[0]
+                break
             if self.natural:
                 prior = None if model.whiten else model.prior_precision(hyper)
                 rho = self.natgrad_step(self.t, X_b.shape[0] / n_total)
@@ -460,7 +471,9 @@ class StochasticTrainer:
                     self.natgrad.step(model, g["d_ell_m"], g["d_ell_S"], rho, prior)
             if packer.size:
                 value, grad = packer.add_log_prior(value, packer.grad(g, x), x)
-                x = np.clip(self.opt.step(x, grad / -n_total), packer.lower, packer.upper)
+                new_x = np.clip(self.opt.step(x, grad / -n_total), packer.lower, packer.upper)
+                self.largest_move = max(self.largest_move, float(np.max(np.abs(new_x - x))))
+                x = new_x
                 hyper = packer.apply(x)
             elif packer.has_prior:
                 value = packer.add_log_prior(value, np.zeros(0), x)[0]
