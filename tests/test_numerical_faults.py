@@ -333,15 +333,17 @@ def test_a_matrix_no_jitter_can_save_fails_with_what_to_change():
     np.testing.assert_allclose(L @ L.T, np.ones((3, 3)), atol=1e-8)
 
 
+_BEYOND_THE_SCALE = "beyond a factor 1e\\+100 of the targets' scale .* give a kernel with a variance nearer"
+
+
 @pytest.mark.parametrize("make,variance,match", [
-    (lambda: pygpfast.SVGPClassifier(n_inducing=20, max_iter=5), 1e300,
-     "the kernel's scale overflows float64 .* use a kernel of smaller variance"),
-    (lambda: pygpfast.SVGPRegressor(n_inducing=20, max_iter=5), 1e300,
-     "the kernel's scale overflows float64 .* use a kernel of smaller variance"),
+    # (beyond 1e100 of the data's scale the estimators refuse the kernel before the fit:
+    # _start.start_kernel)
+    (lambda: pygpfast.SVGPClassifier(n_inducing=20, max_iter=5), 1e300, _BEYOND_THE_SCALE),
+    (lambda: pygpfast.SVGPRegressor(n_inducing=20, max_iter=5), 1e300, _BEYOND_THE_SCALE),
     (lambda: pygpfast.VGPClassifier(max_iter=5), 1e20,
      "VGPClassifier: at the kernel .* use a kernel of smaller variance"),
-    (lambda: pygpfast.VGPClassifier(method="opper-archambeau", max_iter=5), 1e300,
-     "VGPClassifier: at the kernel .* use a kernel of smaller variance"),
+    (lambda: pygpfast.VGPClassifier(method="opper-archambeau", max_iter=5), 1e300, _BEYOND_THE_SCALE),
     (lambda: pygpfast.VGPPoissonRegressor(max_iter=5), 1e20,
      "VGPPoissonRegressor: at the kernel .* use a kernel of smaller variance"),
     (lambda: pygpfast.IVMClassifier(active_size=30, max_iter=3), 1e20,
