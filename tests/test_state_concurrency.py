@@ -11,7 +11,10 @@ integer random_state and fits on 1 and 2 threads are in the shared behaviour sui
 (tests/test_estimators_common.py).
 """
 
+import concurrent.futures
 import pickle
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -222,3 +225,112 @@ def test_building_blocks_pickle_and_compute_the_same():
     piece = llp_bound(10, "linear")
     x = np.linspace(-30, 30, 101)
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(piece))(x), piece(x))
+
+
+# ---------------------------------------------------------------- threads
+def _at_once(calls, fns):
+    """`calls` calls of each of `fns` (no arguments), each on a thread of its own, the threads
+    started together: the results, per function, in order."""
+    start = threading.Barrier(len(fns))
+
+    def run(fn):
+        start.wait()
+        return [fn() for _ in range(calls)]
+
+    with concurrent.futures.ThreadPoolExecutor(len(fns)) as pool:
+        futures = [pool.submit(run, fn) for fn in fns]
+        return [f.result(timeout=120) for f in futures]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_threads_predicting_at_once_get_the_one_thread_answers(fitted, name):
+    est, Xt = fitted[name]
+    # 4 threads x 20 calls, each thread at inputs of its own (threads that computed the same
+    # answers would hide state shared between calls); the core releases the GIL in every
+    # prediction, so the calls run at the same time, in the core and its OpenMP loops
+    inputs = [Xt[: 300 - 50 * i] + 0.1 * i for i in range(4)]
+    references = [_outputs(est, X) for X in inputs]
+    results = _at_once(20, [lambda X=X: _outputs(est, X) for X in inputs])
+    for reference, per_thread in zip(references, results):
+        for got in per_thread:
+            _assert_outputs_same(got, reference)
+
+
+def test_threads_predicting_at_once_from_a_loaded_vgp_compute_its_factor_once(fitted,
+                                                                            monkeypatch):
+    # predictive_factor_ is left out of a VGP's pickle and computed by the first prediction:
+    # the one state a prediction writes
+    est, Xt = fitted["VGPClassifier"]
+    loaded = pickle.loads(pickle.dumps(est))
+    assert loaded.predictive_factor_ is None
+    core = pygpfast._core.cvi.predictive_factor
+    calls = []
+
+    def slow_factor(*args, **kwargs):
+        calls.append(threading.get_ident())
+        time.sleep(0.2)  # (long enough for every thread to reach the factor meanwhile)
+        return core(*args, **kwargs)
+
+    monkeypatch.setattr(pygpfast._core.cvi, "predictive_factor", slow_factor)
+    inputs = [Xt[: 300 - 50 * i] for i in range(4)]
+    results = _at_once(1, [lambda X=X: loaded.predict_proba(X) for X in inputs])
+    assert len(calls) == 1
+    for X, (proba,) in zip(inputs, results):
+        assert_same(proba, est.predict_proba(X))
+    np.testing.assert_array_equal(loaded.predictive_factor_, est.predictive_factor_)
+
+
+#: Pairs of different estimators fitted on the same data at once.
+PAIRS = {
+    "SVGP+VGP": (lambda: pygpfast.SVGPClassifier(n_inducing=10, max_iter=30, random_state=0),
+                 lambda: pygpfast.VGPClassifier(max_iter=10, random_state=0)),
+    "IVM+ISMOE": (lambda: pygpfast.IVMClassifier(active_size=25, max_iter=5, random_state=0),
+                  lambda: pygpfast.ISMOEClassifier(n_experts=2, n_samples=4, max_iter=30,
+                                                   random_state=0)),
+}
+
+
+@quiet
+@pytest.mark.parametrize("pair", PAIRS)
+def test_two_fits_in_two_threads_at_once_equal_the_fits_one_after_the_other(pair):
+    X, y = _data("binary", n=200, seed=3)
+    Xt = np.random.default_rng(4).uniform(-2.5, 2.5, (100, 2))
+    makes = PAIRS[pair]
+    one_by_one = [make().fit(X, y) for make in makes]
+    start = threading.Barrier(2)
+
+    def fit(make):
+        est = make()
+        start.wait()
+        return est.fit(X, y)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        at_once = list(pool.map(fit, makes, timeout=120))
+    for a, b in zip(at_once, one_by_one):
+        assert_same(a.objective_, b.objective_)
+        assert_same(a.history_, b.history_)
+        _assert_outputs_same(_outputs(a, Xt), _outputs(b, Xt))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_predictions_of_a_fitted_model_do_not_depend_on_the_thread_count(fitted, name,
+                                                                         restore_threads):
+    est, Xt = fitted[name]
+    pygpfast.set_num_threads(1)
+    one = _outputs(est, Xt)
+    pygpfast.set_num_threads(2)
+    _assert_outputs_same(_outputs(est, Xt), one)
+
+
+@quiet
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_random_state_instance_reproduces_the_fit_of_its_seed(name):
+    make, task = FAMILIES[name]
+    X, y = _data(task, n=100, seed=5)
+    fits = [make().set_params(random_state=rs).fit(X, y)
+            for rs in (np.random.RandomState(7), np.random.RandomState(7), 7)]
+    for other in fits[1:]:
+        assert other.objective_ == fits[0].objective_
+        np.testing.assert_array_equal(other.history_, fits[0].history_)
+        for u, v in zip(_outputs(other, X), _outputs(fits[0], X)):
+            np.testing.assert_array_equal(u, v)
