@@ -12,7 +12,12 @@ integer random_state and fits on 1 and 2 threads are in the shared behaviour sui
 """
 
 import concurrent.futures
+import json
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import warnings
@@ -334,3 +339,88 @@ def test_a_random_state_instance_reproduces_the_fit_of_its_seed(name):
         np.testing.assert_array_equal(other.history_, fits[0].history_)
         for u, v in zip(_outputs(other, X), _outputs(fits[0], X)):
             np.testing.assert_array_equal(u, v)
+
+
+# ---------------------------------------------------------------- streaming under a memory limit
+#: Run in a child process: warm up (thread pools, the BLAS's buffers, the code of the fit), then
+#: cap the process's private memory (RLIMIT_DATA) at what it holds plus BUDGET, check that a
+#: copy of the file is refused, and fit from the file mapped read-only (shared file pages are
+#: not private memory). Prints the memory figures as JSON.
+_STREAMING_CHILD = textwrap.dedent("""
+    import json, resource, sys, threading, time, warnings
+    import numpy as np
+    from sklearn.exceptions import ConvergenceWarning
+    from pygpfast import SVGPClassifier
+
+    def status(key):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+
+    x_path, y_path, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    settings = dict(n_inducing=10, optimizer="natgrad", batch_size=1024, max_iter=1,
+                    random_state=0)
+    rng = np.random.default_rng(1)
+    Xw = rng.standard_normal((3000, 50))
+    warnings.simplefilter("ignore", ConvergenceWarning)  # (one epoch)
+    SVGPClassifier(**settings).fit(Xw, Xw[:, 0] > 0).predict_proba(Xw)
+    del Xw
+    peak, done = [0], threading.Event()
+
+    def sample():  # (RssAnon every 2 ms: the private memory actually touched)
+        while not done.is_set():
+            peak[0] = max(peak[0], status("RssAnon"))
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    X, y = np.load(x_path, mmap_mode="r"), np.load(y_path)
+    base_data, base_anon = status("VmData"), status("RssAnon")
+    resource.setrlimit(resource.RLIMIT_DATA, (base_data + budget, base_data + budget))
+    try:
+        np.array(X)
+        copy_refused = False
+    except MemoryError:
+        copy_refused = True
+    clf = SVGPClassifier(**settings).fit(X, y)
+    accuracy = clf.score(X[:5000], y[:5000])
+    done.set()
+    sampler.join()
+    print(json.dumps(dict(copy_refused=copy_refused, base_anon=base_anon, peak_anon=peak[0],
+                          data_growth=status("VmData") - base_data, accuracy=accuracy,
+                          n_iter=clf.n_iter_)))
+""")
+
+
+def test_a_streaming_fit_from_a_memmap_runs_under_a_memory_limit_smaller_than_the_file(
+        tmp_path, record_property):
+    N, D, budget = 1_000_000, 50, 80 << 20  # a 400 MB file, at most 80 MiB of private memory
+    X = np.lib.format.open_memmap(tmp_path / "X.npy", mode="w+", dtype=np.float64, shape=(N, D))
+    rng = np.random.default_rng(0)
+    for start in range(0, N, 100_000):
+        X[start:start + 100_000] = rng.standard_normal((100_000, D))
+    X.flush()
+    np.save(tmp_path / "y.npy", (X[:, 0] + X[:, 1] > 0).astype(np.int8))
+    assert X.nbytes > 4 * budget
+    del X
+    script = tmp_path / "child.py"
+    script.write_text(_STREAMING_CHILD)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "X.npy"),
+                          str(tmp_path / "y.npy"), str(budget)],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    growth = got["peak_anon"] - got["base_anon"]
+    for key, value in [("file_MB", N * D * 8 / 1e6), ("limit_MB", budget / 1e6),
+                       ("peak_anon_growth_MB", growth / 1e6),
+                       ("vmdata_growth_MB", got["data_growth"] / 1e6)]:
+        record_property(key, round(value, 1))
+    print(f"streaming fit: file {N * D * 8 / 1e6:.0f} MB, limit {budget / 1e6:.0f} MB, "
+          f"peak RssAnon growth {growth / 1e6:.0f} MB, VmData growth "
+          f"{got['data_growth'] / 1e6:.0f} MB")
+    # The limit holds: a copy of the file into memory is refused; the fit ran within it
+    assert got["copy_refused"]
+    assert got["data_growth"] <= budget and growth <= budget
+    assert got["n_iter"] == 1 and got["accuracy"] > 0.95
