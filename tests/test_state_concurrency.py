@@ -15,6 +15,7 @@ import concurrent.futures
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
@@ -424,3 +425,127 @@ def test_a_streaming_fit_from_a_memmap_runs_under_a_memory_limit_smaller_than_th
     assert got["copy_refused"]
     assert got["data_growth"] <= budget and growth <= budget
     assert got["n_iter"] == 1 and got["accuracy"] > 0.95
+
+
+# ---------------------------------------------------------------- IS-MOE on Dask
+def _within(seconds, fn, *args):
+    """fn(*args) on another thread: its result (or its exception), or a test failure when it
+    has not returned after `seconds` (a hang)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(fn, *args).result(timeout=seconds)
+    except concurrent.futures.TimeoutError:
+        pytest.fail(f"{getattr(fn, '__name__', fn)} did not return within {seconds} s")
+    finally:
+        pool.shutdown(wait=False)
+
+
+@pytest.fixture
+def local_cluster(request):
+    """A LocalCluster on 127.0.0.1 (TCP) with 2 workers of 1 thread (processes=request.param)
+    and its client; closed after the test."""
+    distributed = pytest.importorskip("distributed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # (protocol tcp: workers in this process would talk inproc, without a connection)
+        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1,
+                                           processes=request.param, host="127.0.0.1",
+                                           protocol="tcp", dashboard_address=None)
+        client = distributed.Client(cluster)
+    yield cluster, client
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        client.close()
+        cluster.close()
+
+
+def _ismoe_data():
+    rng = np.random.default_rng(6)
+    X = rng.uniform(-2, 2, (300, 2))
+    return X, np.sin(2 * X[:, 0]) + X[:, 1] + 0.1 * rng.standard_normal(300)
+
+
+_ISMOE = dict(n_experts=2, n_samples=12, samples_per_iteration=1, max_iter=30, random_state=5)
+
+
+def _kill_workers_at_2(client, n):
+    """A callback that kills (SIGKILL) n of the client's worker processes at iteration 2
+    (10 of 12 batches to go: they hold results and work in progress), and the killed pids."""
+    pids = sorted(client.run(os.getpid).values())[:n]
+    killed = []
+
+    def kill(est, iteration, objective):
+        if iteration == 2:
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            killed.extend(pids)
+
+    return kill, killed
+
+
+@quiet
+@pytest.mark.parametrize("local_cluster", [True], indirect=True)
+def test_ismoe_on_dask_survives_a_worker_killed_mid_fit(local_cluster):
+    cluster, client = local_cluster
+    X, y = _ismoe_data()
+    reference = pygpfast.ISMOERegressor(**_ISMOE).fit(X, y)
+    kill, killed = _kill_workers_at_2(client, 1)
+    est = pygpfast.ISMOERegressor(client=client, callback=kill, **_ISMOE)
+    _within(60, est.fit, X, y)
+    assert len(killed) == 1
+    # Dask ran the lost tasks again (from their own seeds): the fit without the fault
+    assert_same(est.log_weights_, reference.log_weights_)
+    assert_same(est.history_, reference.history_)
+    for u, v in zip(est.predict(X, return_std=True), reference.predict(X, return_std=True)):
+        assert_same(u, v)
+    client.wait_for_workers(2, timeout=30)
+    assert killed[0] not in client.run(os.getpid).values()  # (the nanny started a new worker)
+
+
+@quiet
+@pytest.mark.parametrize("local_cluster", [True], indirect=True)
+def test_ismoe_on_dask_fails_clearly_when_every_worker_is_killed_mid_fit(local_cluster):
+    # Both workers held the training data (scattered to every worker): it is lost with them,
+    # and no task can run again
+    cluster, client = local_cluster
+    X, y = _ismoe_data()
+    kill, killed = _kill_workers_at_2(client, 2)
+    est = pygpfast.ISMOERegressor(client=client, callback=kill, **_ISMOE)
+    with pytest.raises(RuntimeError, match=(
+            "^ISMOERegressor.fit stopped: the Dask scheduler cancelled the fit's tasks: .*every "
+            "worker that held the training data died")):
+        _within(60, est.fit, X, y)
+    assert len(killed) == 2
+    with pytest.raises(NotFittedError):
+        est.predict(X)
+
+
+@quiet
+@pytest.mark.parametrize("local_cluster", [False], indirect=True)
+@pytest.mark.parametrize("fault, what", [
+    ("close the client", "the Dask client was closed, or lost its connection"),
+    ("close the cluster", "the Dask client was closed, or lost its connection"),
+    ("cut the connection", "lost its connection to (the scheduler|it)"),
+])
+def test_ismoe_on_dask_fails_clearly_when_the_client_loses_the_cluster_mid_fit(local_cluster,
+                                                                              fault, what):
+    cluster, client = local_cluster
+    X, y = _ismoe_data()
+
+    def fault_at_2(est, iteration, objective):
+        if iteration == 2:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if fault == "close the client":
+                    client.close()
+                elif fault == "close the cluster":
+                    cluster.close()
+                else:  # (the client's connection to the scheduler drops, as on a network fault)
+                    client.scheduler_comm.comm.abort()
+
+    est = pygpfast.ISMOERegressor(client=client, callback=fault_at_2, **_ISMOE)
+    with pytest.raises(RuntimeError, match=f"^ISMOERegressor.fit stopped: .*{what}") as e:
+        _within(60, est.fit, X, y)
+    assert "The estimator is left unfitted" in str(e.value)
+    with pytest.raises(NotFittedError):
+        est.predict(X)
