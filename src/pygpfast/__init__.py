@@ -42,8 +42,7 @@ from .cvi import VGPClassifier, VGPPoissonRegressor
 from .ivm import IVMClassifier
 from .moe import ISMOEClassifier, ISMOERegressor
 from .svgp import SVGPClassifier, SVGPRegressor
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "ISMOEClassifier",

@@ -9,9 +9,15 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from .._version import __version__
 from ..exceptions import HeldWarnings
 from . import _diagnose, _priors, _start
 from ._params import KernelParams, callback_says_stop, check_params
+
+#: The layout of the pickled state of pygpfast's estimators. A release that changes the fitted
+#: attributes so that a model pickled by an earlier release would predict wrongly, or not at
+#: all, raises it; models pickled with another number are refused when loaded.
+STATE_FORMAT = 1
 
 
 class GPEstimator(KernelParams, BaseEstimator):
@@ -54,6 +60,35 @@ class GPEstimator(KernelParams, BaseEstimator):
         if self._default_priors_on():
             _priors.attach_default_noise_prior(likelihood, self._target_scale())
         return likelihood
+
+    # ------------------------------------------------------------------ pickling
+    def __getstate__(self):
+        """The instance's attributes, with the pygpfast version and :data:`STATE_FORMAT` that
+        wrote them (``_pygpfast_version``, ``_pygpfast_state_format``)."""
+        return dict(super().__getstate__(), _pygpfast_version=__version__,
+                    _pygpfast_state_format=STATE_FORMAT)
+
+    def __setstate__(self, state):
+        """Load a pickled estimator: silently when it was written with this
+        :data:`STATE_FORMAT`, by this or another pygpfast version; else a ValueError that names
+        the version that wrote it and this one. (scikit-learn loads any pickle and warns when
+        the versions differ; a format number says when a model would no longer predict as it
+        did when it was saved.)"""
+        state = dict(state)
+        version = state.pop("_pygpfast_version", None)
+        state_format = state.pop("_pygpfast_state_format", None)
+        if state_format != STATE_FORMAT:
+            if version is None:
+                wrote = "a pygpfast that did not record its version"
+                loader = "the pygpfast that wrote it"
+            else:
+                wrote = loader = f"pygpfast {version}"
+            what = "no state format" if state_format is None else f"state format {state_format}"
+            raise ValueError(
+                f"Cannot load this {type(self).__name__}: it was pickled by {wrote} ({what}), "
+                f"and pygpfast {__version__} reads state format {STATE_FORMAT} only. Fit it "
+                f"again with pygpfast {__version__}, or load it with {loader}.")
+        super().__setstate__(state)
 
     def __sklearn_is_fitted__(self):
         # (a failed fit removes the marker but may leave other attributes, which scikit-learn's

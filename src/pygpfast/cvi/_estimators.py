@@ -3,6 +3,7 @@ inference for fixed hyperparameters is in :mod:`._inference`; here, the hyperpar
 around it and prediction."""
 
 import copy
+import threading
 import warnings
 
 import numpy as np
@@ -220,6 +221,9 @@ class _VGPEstimator(GPEstimator):
 
     #: What to use when the N x N matrices do not fit (subclasses name their sparse peer).
     _SPARSE_PEER = "SVGPClassifier"
+    #: Held while a prediction computes predictive_factor_ (see _predictive_factor); on the
+    #: class, so that it is never part of an estimator's state (pickles, copies, clones).
+    _factor_lock = threading.Lock()
 
     def _memory_plan(self, N, local_bound, kernel):
         """(N, bytes per N^2, what, advice) of a fit on N points with local_bound's latent
@@ -326,13 +330,20 @@ class _VGPEstimator(GPEstimator):
     def _predictive_factor(self):
         """predictive_factor_, computed on first use after the posterior changed: fit computes
         it once at the end, and a callback that does not predict skips its N^3 / 3 flops per
-        latent function (and K(X, X)) at every iteration of the search."""
-        if self.predictive_factor_ is None:
-            codes, params = self.kernel_._spec(self.X_train_.shape[1])
-            self.predictive_factor_ = _core.cvi.predictive_factor(
-                codes, params, self.X_train_, jitter=self.jitter,
-                lambda_=np.ascontiguousarray(self.lambda_.T))
-        return self.predictive_factor_
+        latent function (and K(X, X)) at every iteration of the search. The only state a
+        prediction writes: threads that predict at once from a model just loaded compute it
+        once (under ``_factor_lock``), and each uses the factor it read or computed."""
+        F = self.predictive_factor_
+        if F is None:
+            with self._factor_lock:
+                F = self.predictive_factor_
+                if F is None:
+                    codes, params = self.kernel_._spec(self.X_train_.shape[1])
+                    F = _core.cvi.predictive_factor(
+                        codes, params, self.X_train_, jitter=self.jitter,
+                        lambda_=np.ascontiguousarray(self.lambda_.T))
+                    self.predictive_factor_ = F
+        return F
 
     def _check_oa_optimum(self, run, alpha, lam, bound, converged):
         """Warn when the Opper-Archambeau inference at the fitted hyperparameters stopped short

@@ -4,7 +4,19 @@ worker); each batch of importance samples is one task (:func:`._engine.fit_chunk
 its samples' partitions from their own seeds (seed, j), so a batch gives the same result on any
 worker, or again after a lost worker's tasks are rescheduled. Only the weights and what the
 predictions need come back.
+
+Faults: a worker lost mid-fit costs only time. Dask runs its tasks again elsewhere, with the
+same result; when the data went with it (Dask's active memory manager keeps one copy of
+broadcast data once the tasks that need it have started, and every worker may be lost), the
+fit scatters them again and submits the batches still to come, up to ``_RESUBMITS`` times,
+after waiting up to ``_WORKER_WAIT`` seconds for a worker. A fault that loses the fit's work
+for good (the client closed or cut off from the scheduler, no worker left, workers dying on the
+same task again and again) ends the fit with a RuntimeError that says so
+(:func:`cluster_failure`).
 """
+
+import asyncio
+import concurrent.futures
 
 from . import _engine
 
@@ -41,31 +53,113 @@ def resolve_client(client, backend):
     return None
 
 
+#: Times a fit scatters its data again and resubmits its batches after Dask cancelled them.
+_RESUBMITS = 3
+#: Seconds a fit waits for a worker to (re)join before it scatters its data again.
+_WORKER_WAIT = 30.0
+
+
 def _log_weight(result):
     return result["log_weight"]
 
 
-def run_chunks(client, X, Xs, y, cfg, chunks, needed=None):
+def cluster_failure(exc, client, who):
+    """The RuntimeError that replaces `exc`, raised by Dask during `who`'s fit (the
+    estimator's name), when it means the cluster lost the fit's work; None for an error of
+    the fit itself (a task's ValueError or LinAlgError), which passes unchanged."""
+    distributed = _import_distributed()
+    if client.status != "running":
+        what = "the Dask client was closed, or lost its connection to the scheduler"
+    elif isinstance(exc, concurrent.futures.CancelledError):
+        what = (f"the Dask scheduler cancelled the fit's tasks again after {_RESUBMITS} "
+                "resubmissions (the workers that held its data were lost, or the client's "
+                "connection to the scheduler dropped)")
+    elif isinstance(exc, distributed.KilledWorker):
+        what = "Dask workers died, again and again, while they ran one batch of samples"
+    elif isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError)):  # (CommClosedError too)
+        what = "the connection to the Dask cluster failed"
+    else:
+        return None
+    return RuntimeError(
+        f"{who}.fit stopped: {what} ({type(exc).__name__}: {exc}). The estimator is left "
+        "unfitted; fit again once the cluster is reachable, or with backend='threads'.")
+
+
+class _Submitted:
+    """A fit's data scattered to the workers and its batches (``futures``: chunk index ->
+    future of :func:`._engine.fit_chunk`) submitted."""
+
+    def __init__(self, client, X, Xs, y, cfg, chunks):
+        self.client, self.arrays, self.cfg, self.chunks = client, [X, Xs, y], cfg, chunks
+        self.data, self.futures = [], {}
+
+    def submit(self, first):
+        """Scatter the data (again) and submit the chunks from `first` on."""
+        self.release()
+        # (hash=False: keys of their own; content-hashed keys are shared with an earlier fit
+        # on the same arrays, whose release at its end could race with this fit's use)
+        self.data = self.client.scatter(self.arrays, broadcast=True, hash=False)
+        self.futures = {i: self.client.submit(_engine.fit_chunk, *self.data, self.cfg,
+                                              self.chunks[i], pure=False, retries=3)
+                        for i in range(first, len(self.chunks))}
+
+    def release(self):
+        if self.client.status == "running":  # (a closed client has dropped its futures)
+            for future in self.futures.values():
+                future.cancel()
+            for f in self.data:
+                f.release()
+        self.data, self.futures = [], {}
+
+
+def _chunk_result(client, future, needed):
+    """(log weights, state) of one chunk's future (see :func:`run_chunks`)."""
+    log_weight = client.submit(_log_weight, future, pure=False, retries=3).result()
+    if needed is None:
+        return log_weight, future.result()
+    keep = needed(log_weight)
+    return log_weight, client.submit(_engine.select_samples, future, keep, pure=False,
+                                     retries=3).result()
+
+
+def run_chunks(client, X, Xs, y, cfg, chunks, *, who, needed=None):
     """Yield ``(log weights [S], state)`` for each chunk (a list of S sample indices), in the
     order of `chunks`, computed on the client's workers: the log weights come back first, and
     the state (:func:`._engine.fit_chunk`'s dict) only of the samples where ``needed(log
-    weights)`` is true (all when `needed` is None), selected on the worker."""
-    # (hash=False: keys of their own; content-hashed keys are shared with an earlier fit on the
-    # same arrays, whose release at its end could race with this fit's use)
-    X_f, Xs_f, y_f = client.scatter([X, Xs, y], broadcast=True, hash=False)
-    futures = [client.submit(_engine.fit_chunk, X_f, Xs_f, y_f, cfg, chunk, pure=False,
-                             retries=3) for chunk in chunks]
+    weights)`` is true (all when `needed` is None), selected on the worker. When Dask cancels
+    the fit's tasks and the client is still connected (the data were lost with a worker),
+    the data are scattered again and the chunks still to come resubmitted; a fault of the
+    cluster becomes :func:`cluster_failure`'s RuntimeError, naming `who`."""
+    run = _Submitted(client, X, Xs, y, cfg, chunks)
+    resubmits = 0
     try:
-        for future in futures:
-            log_weight = client.submit(_log_weight, future, pure=False, retries=3).result()
-            if needed is None:
-                yield log_weight, future.result()
-                continue
-            keep = needed(log_weight)
-            yield log_weight, client.submit(_engine.select_samples, future, keep, pure=False,
-                                            retries=3).result()
+        run.submit(0)
+        for i in range(len(chunks)):
+            while True:
+                try:
+                    result = _chunk_result(client, run.futures[i], needed)
+                    break
+                except concurrent.futures.CancelledError:
+                    if resubmits == _RESUBMITS or client.status != "running":
+                        raise
+                resubmits += 1
+                _wait_for_a_worker(client, who)
+                run.submit(i)
+            yield result
+    except Exception as exc:
+        failure = cluster_failure(exc, client, who)
+        if failure is None:
+            raise
+        raise failure from exc
     finally:
-        for future in futures:
-            future.cancel()
-        for f in (X_f, Xs_f, y_f):
-            f.release()
+        run.release()
+
+
+def _wait_for_a_worker(client, who):
+    try:
+        client.wait_for_workers(1, timeout=_WORKER_WAIT)
+    except (TimeoutError, asyncio.TimeoutError) as exc:
+        raise RuntimeError(
+            f"{who}.fit stopped: the Dask cluster lost the fit's data with its workers, and no "
+            f"worker joined it within {_WORKER_WAIT:g} s. The estimator is left unfitted; fit "
+            "again once the cluster has workers, or with backend='threads'.") from exc

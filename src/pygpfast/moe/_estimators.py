@@ -126,7 +126,7 @@ class _ISMOEEstimator(GPEstimator):
 
         if client is not None:
             results = _dask.run_chunks(client, X, Xs, t, cfg, chunks,
-                                       needed=needed if prune else None)
+                                       needed=needed if prune else None, who=type(self).__name__)
         else:
             results = ((p["log_weight"], p) for p in
                        (_engine.fit_chunk(X, Xs, t, cfg, c) for c in chunks))
