@@ -140,6 +140,11 @@ bool softmax_tilted_moments(const Cubature& rule, int y, const double* h, const 
     }
   }
   if (!(Z > 0.0) || !std::isfinite(Z)) return false;
+  // A rule with negative weights can return moments no positive measure has: besides Z <= 0 and
+  // an indefinite cov_hat (tested below), cavity class probabilities outside (0, 1).
+  if (rule.has_negative_weights)
+    for (int c = 0; c < C; ++c)
+      if (!(p_cavity[c] > 0.0 && p_cavity[c] < 1.0)) return false;
   for (int c = 0; c < C; ++c) m1[c] /= Z;
   for (int c = 0; c < C; ++c) {
     mean_hat[c] = h[c] + m1[c];
@@ -150,6 +155,8 @@ bool softmax_tilted_moments(const Cubature& rule, int y, const double* h, const 
     }
   }
   *log_Z = lmax + std::log(Z);
+  for (int c = 0; c < C; ++c)
+    if (!std::isfinite(mean_hat[c])) return false;
   return small::cholesky(C, cov_hat, Lh);
 }
 

@@ -371,7 +371,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
 
   Rng rng(opt.seed);
   const index_t jsize = opt.selection_size > 0 ? opt.selection_size : (n + C - 1) / C;
-  std::vector<char> state(static_cast<std::size_t>(n), 0);  // 0 free, 1 active, 2 in J
+  std::vector<char> state(static_cast<std::size_t>(n), 0);  // 0 free, 1 active, 2 in J, 3 skipped
   std::vector<index_t> J, avail;
   std::vector<double> jscore;
   std::vector<int> jstatus;
@@ -388,12 +388,33 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
   for (index_t t = 0; t < d; ++t) {
     auto t0 = std::chrono::steady_clock::now();
     index_t i = -1;
+    double log_Z = 0.0;
     double best = std::numeric_limits<double>::quiet_NaN();
+    int status = 0;  // of the tilted moments at i (Scorer::tilted)
     if (t < opt.n_random) {
+      // A uniform draw among the free points; one whose moments no rule gives (Stroud5 above
+      // kMaxGaussHermite3Dim classes) is skipped for good and the draw repeated.
       free_points();
-      for (index_t j : J) avail.push_back(j);  // (J is empty during the random phase)
       std::sort(avail.begin(), avail.end());
-      i = avail[rng.below(static_cast<index_t>(avail.size()))];
+      for (;;) {
+        if (avail.empty())
+          throw LinAlgError("ivm.multiclass_select", 1,
+                            "no free point had a positive-definite marginal covariance and valid tilted moments at "
+                            "inclusion " + std::to_string(t + 1));
+        const index_t k = rng.below(static_cast<index_t>(avail.size()));
+        i = avail[k];
+        st.marginal(i, hi.data(), Ai.data());
+        if (!small::cholesky(C, Ai.data(), Li.data()))
+          throw LinAlgError("ivm.multiclass_select", 1,
+                            "the marginal covariance of point " + std::to_string(i) + " is not positive definite");
+        status = scorer.tilted(static_cast<int>(y[i]), hi.data(), Li.data(), mh.data(), Ah.data(), p.data(),
+                               &log_Z, work);
+        if (status != 3) break;
+        ++out.invalid_moments;
+        state[i] = 3;
+        avail.erase(avail.begin() + k);
+      }
+      if (status == 2) ++out.quadrature_fallbacks;
     } else {
       if (J.empty()) {  // first greedy round: J at random
         free_points();
@@ -418,6 +439,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
       index_t best_k = -1;
       for (std::size_t k = 0; k < J.size(); ++k) {
         if (jstatus[k] == 2) ++out.quadrature_fallbacks;
+        if (jstatus[k] == 3) ++out.invalid_moments;
         if (jscore[k] > -HUGE_VAL && (best_k < 0 || jscore[k] > jscore[best_k])) best_k = static_cast<index_t>(k);
       }
       if (best_k < 0)
@@ -426,21 +448,15 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
                           "and valid tilted moments at inclusion " + std::to_string(t + 1));
       i = J[best_k];
       best = jscore[best_k];
+      // (the scoring's moments at i again: the same arithmetic, so valid as they were there)
+      st.marginal(i, hi.data(), Ai.data());
+      small::cholesky(C, Ai.data(), Li.data());
+      scorer.tilted(static_cast<int>(y[i]), hi.data(), Li.data(), mh.data(), Ah.data(), p.data(), &log_Z, work);
     }
     out.score_seconds.push_back(seconds_since(t0));
 
-    // Site of i: tilted moments, then the constrained projection from pi0 = (e_y + E[softmax]) / 2.
+    // Site of i: the constrained projection of its tilted moments from pi0 = (e_y + E[softmax]) / 2.
     const int yi = static_cast<int>(y[i]);
-    st.marginal(i, hi.data(), Ai.data());
-    if (!small::cholesky(C, Ai.data(), Li.data()))
-      throw LinAlgError("ivm.multiclass_select", 1,
-                        "the marginal covariance of point " + std::to_string(i) + " is not positive definite");
-    double log_Z = 0.0;
-    const int status = scorer.tilted(yi, hi.data(), Li.data(), mh.data(), Ah.data(), p.data(), &log_Z, work);
-    if (status == 3)
-      throw LinAlgError("ivm.multiclass_select", 1,
-                        "the tilted covariance of point " + std::to_string(i) + " is not positive definite under the rule");
-    if (status == 2 && t < opt.n_random) ++out.quadrature_fallbacks;
     for (int c = 0; c < C; ++c) pi0[c] = 0.5 * ((c == yi ? 1.0 : 0.0) + p[c]);
     const ProjectionResult proj =
         project_constrained_site(C, hi.data(), Ai.data(), mh.data(), Ah.data(), pi0.data(), opt.max_newton);
