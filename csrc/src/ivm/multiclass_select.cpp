@@ -14,6 +14,7 @@
 #include "pygpfast/errors.hpp"
 #include "pygpfast/ivm/multiclass.hpp"
 #include "pygpfast/threads.hpp"
+#include "pygpfast/vmath.hpp"
 #include "small_dense.hpp"
 
 namespace pygpfast::ivm {
@@ -64,6 +65,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 constexpr index_t kColumnBlock = 512;
 
+// sum_k x_k y_k (vectorised).
+PYGPFAST_SIMD_CLONES double column_dot(index_t d, const double* x, const double* y) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (index_t k = 0; k < d; ++k) s += x[k] * y[k];
+  return s;
+}
+
 // The representation and the stub buffers of the selection (note 2.2), all row-major.
 struct Stubs {
   index_t n, dmax;
@@ -85,15 +94,18 @@ struct Stubs {
     pi.assign(static_cast<std::size_t>(dmax * C), 0.0);
   }
 
-  // h_j [C], A_j [C, C] from the stubs: O(C^2 d).
-  void marginal(index_t j, double* hj, double* Aj) const {
+  // h_j [C], A_j [C, C] from the stubs: O(C^2 d). q: C d doubles of scratch (column j of every
+  // Q^(c), gathered once: C strided reads per row of the buffers instead of C (C + 1)).
+  void marginal(index_t j, double* hj, double* Aj, double* q) const {
+    for (int c = 0; c < C; ++c) {
+      const double* src = Q[c].data() + j;
+      double* dst = q + c * d;
+      for (index_t k = 0; k < d; ++k) dst[k] = src[k * n];
+    }
     for (int c = 0; c < C; ++c) {
       hj[c] = h[c * n + j];
       for (int e = 0; e <= c; ++e) {
-        const double* qc = Q[c].data() + j;
-        const double* qe = Q[e].data() + j;
-        double s = c == e ? a0[c * n + j] : 0.0;
-        for (index_t k = 0; k < d; ++k) s += qc[k * n] * qe[k * n];
+        const double s = (c == e ? a0[c * n + j] : 0.0) + column_dot(d, q + c * d, q + e * d);
         Aj[c * C + e] = s;
         Aj[e * C + c] = s;
       }
@@ -261,7 +273,11 @@ struct Stubs {
   // h [n, C], A [n, C, C] of every point.
   void all_marginals(double* hout, double* Aout) const {
     const index_t CC = static_cast<index_t>(C) * C;
-    parallel_for(n, 64, [&](index_t j) { marginal(j, hout + j * C, Aout + j * CC); });
+    parallel_for(n, 64, [&](index_t j) {
+      thread_local std::vector<double> q;
+      q.resize(static_cast<std::size_t>(C * d));
+      marginal(j, hout + j * C, Aout + j * CC, q.data());
+    });
   }
 };
 
@@ -287,9 +303,13 @@ struct Scorer {
 
   double score(const Stubs& st, index_t j, int y, int& status) const {
     const std::size_t CC = static_cast<std::size_t>(C * C);
-    std::vector<double> hj(C), Aj(CC), Lj(CC), mh(C), Ah(CC), Lh(CC), p(C), col(C), work;
+    // (per thread, reused: the scoring runs |J| times per inclusion)
+    thread_local std::vector<double> hj, Aj, Lj, mh, Ah, Lh, p, col, q, work;
+    for (auto* v : {&hj, &mh, &p, &col}) v->resize(static_cast<std::size_t>(C));
+    for (auto* v : {&Aj, &Lj, &Ah, &Lh}) v->resize(CC);
+    q.resize(static_cast<std::size_t>(C * st.d));
     double log_Z = 0.0;
-    st.marginal(j, hj.data(), Aj.data());
+    st.marginal(j, hj.data(), Aj.data(), q.data());
     if (!small::cholesky(C, Aj.data(), Lj.data())) {
       status = 1;
       return -HUGE_VAL;
@@ -377,7 +397,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
   std::vector<int> jstatus;
   std::vector<std::vector<double>> kcol_store(nk, std::vector<double>(static_cast<std::size_t>(n)));
   std::vector<const double*> kcol(C);
-  std::vector<double> hi(C), Ai(CC), Li(CC), mh(C), Ah(CC), p(C), pi0(C), work;
+  std::vector<double> hi(C), Ai(CC), Li(CC), mh(C), Ah(CC), p(C), pi0(C), qi(static_cast<std::size_t>(C * d)), work;
 
   auto free_points = [&]() {
     avail.clear();
@@ -403,7 +423,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
                             "inclusion " + std::to_string(t + 1));
         const index_t k = rng.below(static_cast<index_t>(avail.size()));
         i = avail[k];
-        st.marginal(i, hi.data(), Ai.data());
+        st.marginal(i, hi.data(), Ai.data(), qi.data());
         if (!small::cholesky(C, Ai.data(), Li.data()))
           throw LinAlgError("ivm.multiclass_select", 1,
                             "the marginal covariance of point " + std::to_string(i) + " is not positive definite");
@@ -449,7 +469,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
       i = J[best_k];
       best = jscore[best_k];
       // (the scoring's moments at i again: the same arithmetic, so valid as they were there)
-      st.marginal(i, hi.data(), Ai.data());
+      st.marginal(i, hi.data(), Ai.data(), qi.data());
       small::cholesky(C, Ai.data(), Li.data());
       scorer.tilted(static_cast<int>(y[i]), hi.data(), Li.data(), mh.data(), Ah.data(), p.data(), &log_Z, work);
     }

@@ -32,6 +32,7 @@ struct Cubature {
   int dim = 0;
   index_t size = 0;             // number of nodes N
   std::vector<double> nodes;    // [N, dim] row-major
+  std::vector<double> nodes_t;  // [dim, N]: the same, dimension-major (the routines' SIMD layout)
   std::vector<double> weights;  // [N], sum 1
   bool has_negative_weights = false;
 };
