@@ -142,6 +142,60 @@ def test_tilted_moments_accuracy_of_both_rules():
     assert max(errs[0]) < 0.3 and max(errs[1]) < 0.4
 
 
+def far_out_cavities(rng, C, count):
+    """Cavities whose variances and means reach 10^2.5 times the unit scale: where the product of
+    the softmax with the Gaussian concentrates on few of Stroud's nodes."""
+    out = []
+    for _ in range(count):
+        scale = 10 ** rng.uniform(0, 2.5)
+        h, A = random_cavity(rng, C, scale)
+        out.append((h * rng.uniform(0, 3) / np.sqrt(scale), A, int(rng.integers(C))))
+    return out
+
+
+@pytest.mark.parametrize("C", [5, 6, 7, 8, 9, 10])
+def test_stroud_moments_at_far_out_cavities_are_flagged_where_no_measure_has_them(C):
+    """Stroud's negative axis weights (C >= 5) give, at far-out cavities, a non-positive Z, an
+    indefinite covariance or cavity probabilities outside (0, 1) (a start pi0 <= 0 for the
+    projection): all flagged invalid. The moments it reports valid are close to the product rule's."""
+    rng = np.random.default_rng(40 + C)
+    cav = far_out_cavities(rng, C, 150)
+    h = np.stack([c[0] for c in cav])
+    A = np.stack([c[1] for c in cav])
+    y = np.array([float(c[2]) for c in cav])
+    s = ivm.multiclass_tilted(h, A, y, rule=1)
+    g = ivm.multiclass_tilted(h, A, y, rule=0)
+    assert 0.1 < np.mean(~s["valid"]) < 0.9  # (the failure is provoked, and not everywhere)
+    v = s["valid"]
+    assert np.all((s["p_cavity"][v] > 0) & (s["p_cavity"][v] < 1))
+    assert np.all(np.linalg.eigvalsh(s["cov"][v]).min(axis=1) > 0)
+    assert np.all(np.isfinite(s["log_Z"][v])) and np.all(np.isfinite(s["mean"][v]))
+    # The product rule's weights are positive: its probabilities always lie in [0, 1] (its
+    # covariance can still be singular where the tilted mass sits on one layer of its nodes).
+    assert np.all((g["p_cavity"] >= 0) & (g["p_cavity"] <= 1 + 1e-12))
+    assert g["valid"].mean() > 0.9
+    both = v & g["valid"]
+    # cavity probabilities where both are valid: two degree-5 rules agree to a few percent
+    assert np.median(np.abs(s["p_cavity"][both] - g["p_cavity"][both]).max(axis=1)) < 0.05
+
+
+def test_projection_starts_from_underflowed_probabilities():
+    """A far-out cavity makes some entries of E[softmax] underflow to 0, so pi0 = (e_y + p) / 2
+    has zeros: the projection starts there (clipped to 1e-10) and reaches the optimum it reaches
+    from the clipped start."""
+    C = 4
+    h = np.array([0.0, -1500.0, 3.0, -2000.0])
+    A = np.diag([1.0, 2.0, 1.5, 1.0])
+    t = ivm.multiclass_tilted(h[None], A[None], np.array([2.0]), rule=0)
+    assert t["valid"][0] and t["p_cavity"][0][1] == 0.0
+    pi0 = 0.5 * (np.eye(C)[2] + t["p_cavity"][0])
+    r = ivm.multiclass_project(h, A, t["mean"][0], t["cov"][0], pi0)
+    r2 = ivm.multiclass_project(h, A, t["mean"][0], t["cov"][0], np.maximum(pi0, 1e-10))
+    assert np.array_equal(r["pi"], r2["pi"]) and np.all(r["pi"] > 0) and np.all(np.isfinite(r["b"]))
+    with pytest.raises(ValueError, match="non-negative"):
+        ivm.multiclass_project(h, A, t["mean"][0], t["cov"][0], pi0 - 0.1)
+
+
 def test_expected_nll_derivatives_are_exact_for_the_rule():
     rng = np.random.default_rng(7)
     C = 4
@@ -262,6 +316,48 @@ def test_inclusion_matches_tilted_mean_and_scores_are_information_gains():
             kl = 0.5 * (np.trace(np.linalg.solve(A0, Ah)) - 3 + (mh - h0) @ np.linalg.solve(A0, mh - h0)
                         + np.linalg.slogdet(A0)[1] - np.linalg.slogdet(Ah)[1])
             assert abs(kl - r["scores"][t]) < 1e-10
+
+
+@pytest.mark.parametrize("C", [5, 6, 7, 8, 9, 10])
+def test_stroud_selection_at_far_out_marginals(C):
+    """Stroud's rule with a kernel variance of 100 (far-out marginals): the candidates and random
+    picks whose Stroud moments are invalid take the product rule's (counted), and the selection
+    is the stub-buffer algorithm as ever: marginals equal the dense posterior, every site positive,
+    the included point's new mean its tilted mean by the rule that gave its moments."""
+    X, y, beta = problem(n=50, C=C, seed=C)
+    d = 20  # (before the guard, the projection's start pi0 <= 0 failed this selection at every C)
+    params = np.array([100.0, 1.0, 1.0, 0.05])
+    r = ivm.multiclass_select(RBF_WHITE, params, X, y, num_classes=C, active_size=d, seed=1, rule=1,
+                              beta=beta, record_marginals=True)
+    assert r["quadrature_fallbacks"] > 0 and r["invalid_moments"] == 0
+    assert np.all(r["pi"] > 0) and np.all(np.isfinite(r["b"])) and np.all(np.isfinite(r["scores"][2:]))
+    K = rbf_white(X, X, params, True)
+    h, A, _ = dense_marginals([K] * C, r["active"], r["pi"], r["b"])
+    assert np.abs(r["h"] - h).max() < 1e-8 * max(1.0, np.abs(h).max())
+    assert np.abs(r["A"] - A).max() < 1e-8 * np.abs(A).max()
+    for t in range(1, d):
+        i = r["active"][t]
+        h0, A0 = r["history_h"][t - 1][i], r["history_A"][t - 1][i]
+        s = ivm.multiclass_tilted(h0[None], A0[None], np.array([y[i]]), beta=beta, rule=1)
+        tm = s if s["valid"][0] else ivm.multiclass_tilted(h0[None], A0[None], np.array([y[i]]), beta=beta,
+                                                           rule=0)
+        assert np.abs(r["history_h"][t][i] - tm["mean"][0]).max() < 1e-8 * max(1.0, np.abs(h0).max())
+    # the prediction's probabilities at far-out points stay in (0, 1) (the product rule where
+    # Stroud's leave it)
+    Xnew = np.random.default_rng(2).normal(size=(40, 2)) * 2
+    p = ivm.multiclass_predict(RBF_WHITE, params, X[r["active"]], r["pi"], r["b"], Xnew, beta=beta, rule=1)
+    assert np.all((p["prob"] > 0) & (p["prob"] < 1)) and np.abs(p["prob"].sum(1) - 1).max() < 1e-12
+
+
+def test_selection_skips_points_no_rule_gives_moments_above_twelve_classes():
+    """Above 12 classes only Stroud's rule is offered: random picks and candidates whose moments it
+    cannot give are skipped (invalid_moments counts them) and the selection completes."""
+    C = 13
+    X, y, beta = problem(n=60, C=C, seed=C)
+    r = ivm.multiclass_select(RBF_WHITE, np.array([10.0, 1.0, 1.0, 0.05]), X, y, num_classes=C, active_size=20,
+                              seed=1, rule=1)
+    assert r["invalid_moments"] > 0 and r["quadrature_fallbacks"] == 0
+    assert len(set(r["active"].tolist())) == 20 and np.all(r["pi"] > 0)
 
 
 def test_selection_is_reproducible_with_the_seed():

@@ -71,6 +71,36 @@ def test_three_classes_beat_chance(multi_class, shared_kernel):
         assert len(m.active_set_) == 3 and all(a.shape == (40,) for a in m.active_set_)
 
 
+def pixels(n, C=3, D=64, seed=0):
+    """Digit-like features in [0, 1]: mostly exactly 0, ink (skewed towards faint) where a
+    class's stroke is (a random 35% of the pixels per class, on with probability 0.8), stray
+    ink elsewhere with probability 0.1."""
+    rng = np.random.default_rng(seed)
+    stroke = rng.random((C, D)) < 0.35
+    y = rng.integers(C, size=n)
+    on = np.where(stroke[y], rng.random((n, D)) < 0.8, rng.random((n, D)) < 0.1)
+    return on * rng.random((n, D)) ** 3, y
+
+
+def test_joint_default_kernel_on_mostly_zero_features():
+    """USPS's failure mode (joint accuracy 0.13 with the default kernel): in a pixel that is 0 in
+    about 70% of the rows, half the pairs agree exactly and the median |x_d - x'_d| over all pairs
+    is the smallest difference (~1e-3), so the median-distance lengthscale cut every point off
+    from the rest and the joint search shrank the kernel variance to ~0.03 (chance accuracy, 0.34
+    here). The default takes the median over the pairs that differ."""
+    X, y = pixels(600)
+    Xtr, ytr = X[:300], y[:300]
+    # the data sets the trap: medians over all pairs ~1e-3 where the differing pairs' are ~0.3
+    all_pairs = np.array([np.median(np.abs(Xtr[:, None, d] - Xtr[None, :200, d]))
+                          for d in range(X.shape[1])])
+    spread = pygpfast._base._start.dimension_spread(Xtr, Xtr[:200])
+    assert np.sum(all_pairs < 1e-2 * spread) >= 10 and spread.min() > 0.01
+    m = IVMClassifier(active_size=60, max_iter=10, random_state=0).fit(Xtr, ytr)
+    assert m.score(X[300:], y[300:]) > 0.9  # chance 1/3
+    assert float(m.kernel_.variance) > 1.0
+    assert np.min(m.kernel_.lengthscale) > 0.1
+
+
 def test_ovr_and_joint_differ_and_both_learn():
     """ovr (C probit IVMs, own active sets) and joint (one softmax IVM) are different models:
     different active sets and probabilities, comparable test log likelihood on blobs."""

@@ -80,9 +80,8 @@ def main():
             "ovr per inclusion and class (ms)"]
     print(common.table(rows, cols))
     print(common.table(slopes, ["C", "joint slope in n", "ovr slope in n"]))
-    name = "ivm_scaling" + ("_quick" if args.quick else "")
-    path = common.write_json(name, {"context": common.context(args.threads), "args": vars(args),
-                                    "rows": rows, "slopes": slopes})
+    path = common.write_json({"context": common.context(args.threads), "args": vars(args),
+                              "rows": rows, "slopes": slopes}, "quick" if args.quick else None)
     print(f"wrote {path}")
     import matplotlib
 
@@ -109,8 +108,9 @@ def main():
     ax[1].legend(fontsize=7)
     fig.tight_layout()
     FIGURES.mkdir(parents=True, exist_ok=True)
-    fig.savefig(FIGURES / f"{name}.png", dpi=100)
-    print(f"wrote {FIGURES / (name + '.png')}")
+    figure = FIGURES / ("ivm_scaling" + ("-quick" if args.quick else "") + ".png")
+    fig.savefig(figure, dpi=100)
+    print(f"wrote {figure}")
 
 
 if __name__ == "__main__":

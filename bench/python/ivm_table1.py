@@ -126,9 +126,9 @@ def main():
     cols = ["task", "method", "draws", "err", "paper err", "mean p", "exp(mean log p)",
             "paper lh", "time (s)", "paper time (s)"]
     print(common.table(summary, cols))
-    path = common.write_json("ivm_table1" + ("_quick" if args.quick else ""), {
+    path = common.write_json({
         "context": common.context(args.threads), "args": vars(args), "paper": PAPER_TABLE1,
-        "runs": rows, "summary": summary})
+        "runs": rows, "summary": summary}, "quick" if args.quick else None)
     print(f"wrote {path}")
 
 

@@ -12,7 +12,9 @@ L-BFGS-B and no restarts.
 
 Reported: test accuracy, NLPD (mean -log p(y* | x*)), fit time.
 
-Usage: python bench/python/ivm_usps.py [--quick] [--n 1500] [--threads 2]
+Usage: python bench/python/ivm_usps.py [--quick] [--n 1500] [--threads 2] [--methods ivm,svgp,gpc]
+[--ivm-kernel default|isotropic]; writes bench/results/ivm_usps[-<methods>][-isotropic][-quick].json
+(<methods> when not all three run).
 """
 
 import argparse
@@ -95,11 +97,11 @@ def main():
                                       if m[0].startswith("SVGP") else "gpc") in keep]
     rows = [evaluate(name, make, Xtr, ytr, Xte, yte) for name, make in methods]
     print(common.table(rows, ["method", "accuracy", "nlpd", "fit (s)"]))
-    name = "ivm_usps" + ("_isotropic" if kernel is not None else "") + (
-        "_quick" if args.quick else "")
-    path = common.write_json(name, {
+    parts = ([] if keep >= {"ivm", "svgp", "gpc"} else ["-".join(sorted(keep))]) + (
+        ["isotropic"] if kernel is not None else []) + (["quick"] if args.quick else [])
+    path = common.write_json({
         "context": common.context(args.threads), "args": vars(args), "n_train": args.n,
-        "n_test": len(yte), "rows": rows})
+        "n_test": len(yte), "rows": rows}, "-".join(parts) or None)
     print(f"wrote {path}")
 
 

@@ -139,7 +139,8 @@ void bind_ivm_multiclass(py::module_& m) {
       py::arg("h"), py::arg("A"), py::arg("y"), py::kw_only(), py::arg("beta") = py::none(), py::arg("rule") = 0,
       "Tilted moments of the softmax under cavities N(h [m, C], A [m, C, C]) by the rule: dict with log_Z [m], "
       "mean [m, C], cov [m, C, C], p_cavity [m, C] (E[softmax(u + beta)] under the cavity) and valid [m] (False "
-      "when the rule gave a non-positive Z or an indefinite cov).");
+      "when the moments are those of no positive measure, possible for rule 1 from C = 5 on: a non-positive Z, "
+      "an indefinite cov, or a p_cavity entry outside (0, 1)).");
 
   m.def(
       "multiclass_expected_nll",
@@ -258,6 +259,7 @@ void bind_ivm_multiclass(py::module_& m) {
         out["score_seconds"] = vector_to_array(s.score_seconds, {d});
         out["update_seconds"] = vector_to_array(s.update_seconds, {d});
         out["quadrature_fallbacks"] = s.quadrature_fallbacks;
+        out["invalid_moments"] = s.invalid_moments;
         if (record_marginals) {
           out["history_h"] = vector_to_array(s.history_h, {d, n, C});
           out["history_A"] = vector_to_array(s.history_A, {d, n, C, C});
@@ -271,7 +273,8 @@ void bind_ivm_multiclass(py::module_& m) {
       "Greedy selection of the joint multi-class IVM on X [n, D], y [n] (labels 0..C-1 as float64); params [P] "
       "(one shared kernel) or [C, P] (one per class). Returns a dict: active [d] (int64, inclusion order), pi, b "
       "[d, C], h [n, C], A [n, C, C] (final marginals), scores, log_Z, newton_iterations, newton_converged, "
-      "score_seconds, update_seconds [d], quadrature_fallbacks, and with record_marginals history_h [d, n, C], "
+      "score_seconds, update_seconds [d], quadrature_fallbacks (moments the rule could not give and the 3-point "
+      "Gauss-Hermite product gave), invalid_moments (moments no rule gave: those points skipped), and with record_marginals history_h [d, n, C], "
       "history_A [d, n, C, C] (the marginals after each inclusion).");
 
   m.def(

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "pygpfast/errors.hpp"
+#include "pygpfast/vmath.hpp"
 #include "small_dense.hpp"
 
 namespace pygpfast::ivm {
@@ -70,6 +71,9 @@ Cubature make_cubature(CubatureRule rule, int dim) {
   } else {
     throw std::invalid_argument("unknown cubature rule " + std::to_string(static_cast<int>(rule)));
   }
+  q.nodes_t.resize(q.nodes.size());
+  for (index_t k = 0; k < q.size; ++k)
+    for (int c = 0; c < dim; ++c) q.nodes_t[c * q.size + k] = q.nodes[k * dim + c];
   return q;
 }
 
@@ -77,28 +81,79 @@ bool small_cholesky(int C, const double* A, double* L) { return small::cholesky(
 
 index_t cubature_work_size(const Cubature& rule) {
   const index_t C = rule.dim;
-  return rule.size + 4 * C * C + 4 * C;
+  return (2 * C + 3) * rule.size + 4 * C * C + 4 * C;
 }
 
 namespace {
 
-// v = h + beta + L z (the shifted node), returns logsumexp(v); p = softmax(v).
-inline double node_softmax(int C, const double* h, const double* L, const double* beta, const double* z,
-                           double* v, double* p) {
-  double vmax = -std::numeric_limits<double>::infinity();
+// The softmax at every node of the rule under N(h, L L^T), node-major loops that vectorise (the
+// nodes are the SIMD lanes; vmath's exp and log): offsets delta [C, N] = L z_k (class-major),
+// v = (h + beta) + delta, vmax [N] = max_c v, E [C, N] = exp(v - vmax), inv_sum [N] =
+// 1 / sum_c E, lse [N] = logsumexp_c v.
+PYGPFAST_SIMD_CLONES void evaluate_nodes(int C, index_t N, const double* zt, const double* h, const double* L,
+                                         const double* beta, double* delta, double* E, double* vmax,
+                                         double* inv_sum, double* lse) {
+  for (index_t k = 0; k < N; ++k) vmax[k] = -std::numeric_limits<double>::infinity();
   for (int c = 0; c < C; ++c) {
-    double s = h[c] + beta[c];
-    for (int e = 0; e <= c; ++e) s += L[c * C + e] * z[e];
-    v[c] = s;
-    vmax = std::max(vmax, s);
+    double* dc = delta + c * N;
+    const double l0 = L[c * C];
+#pragma omp simd
+    for (index_t k = 0; k < N; ++k) dc[k] = l0 * zt[k];
+    for (int e = 1; e <= c; ++e) {
+      const double l = L[c * C + e];
+      const double* ze = zt + e * N;
+#pragma omp simd
+      for (index_t k = 0; k < N; ++k) dc[k] += l * ze[k];
+    }
+    const double a = h[c] + beta[c];
+#pragma omp simd
+    for (index_t k = 0; k < N; ++k) vmax[k] = std::max(vmax[k], a + dc[k]);
   }
-  double sum = 0.0;
+  for (index_t k = 0; k < N; ++k) inv_sum[k] = 0.0;
   for (int c = 0; c < C; ++c) {
-    p[c] = std::exp(v[c] - vmax);
-    sum += p[c];
+    const double a = h[c] + beta[c];
+    const double* dc = delta + c * N;
+    double* ec = E + c * N;
+#pragma omp simd
+    for (index_t k = 0; k < N; ++k) {
+      ec[k] = vmath::exp((a + dc[k]) - vmax[k]);
+      inv_sum[k] += ec[k];
+    }
   }
-  for (int c = 0; c < C; ++c) p[c] /= sum;
-  return vmax + std::log(sum);
+#pragma omp simd
+  for (index_t k = 0; k < N; ++k) {
+    lse[k] = vmax[k] + vmath::log(inv_sum[k]);
+    inv_sum[k] = 1.0 / inv_sum[k];
+  }
+}
+
+// sum_k x_k y_k over the nodes.
+PYGPFAST_SIMD_CLONES double node_dot(index_t N, const double* x, const double* y) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (index_t k = 0; k < N; ++k) s += x[k] * y[k];
+  return s;
+}
+
+// The tilted weights wp [N] = w_k P_k / max_k P_k (P_k = softmax(v_k)_y; logP [N] in, wp may
+// alias it) and p_cavity [C] = sum_k w_k softmax(v_k); returns log max_k P_k.
+PYGPFAST_SIMD_CLONES double tilted_weights(int C, index_t N, const double* w, const double* E,
+                                           const double* inv_sum, double* logP, double* p_cavity,
+                                           double* scratch) {
+  for (int c = 0; c < C; ++c) {
+    const double* ec = E + c * N;
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (index_t k = 0; k < N; ++k) s += w[k] * ec[k] * inv_sum[k];
+    p_cavity[c] = s;
+  }
+  double lmax = -std::numeric_limits<double>::infinity();
+#pragma omp simd reduction(max : lmax)
+  for (index_t k = 0; k < N; ++k) lmax = std::max(lmax, logP[k]);
+#pragma omp simd
+  for (index_t k = 0; k < N; ++k) scratch[k] = w[k] * vmath::exp(logP[k] - lmax);
+  std::copy(scratch, scratch + N, logP);
+  return lmax;
 }
 
 }  // namespace
@@ -107,49 +162,45 @@ bool softmax_tilted_moments(const Cubature& rule, int y, const double* h, const 
                             double* mean_hat, double* cov_hat, double* p_cavity, double* log_Z, double* work) {
   const int C = rule.dim;
   const index_t N = rule.size;
-  double* logP = work;
-  double* v = work + N;
-  double* p = v + C;
-  double* m1 = p + C;
-  double* Lh = m1 + C;  // C * C
-  for (int c = 0; c < C; ++c) p_cavity[c] = 0.0;
-  double lmax = -std::numeric_limits<double>::infinity();
-  for (index_t k = 0; k < N; ++k) {
-    const double lse = node_softmax(C, h, L, beta, rule.nodes.data() + k * C, v, p);
-    logP[k] = v[y] - lse;
-    lmax = std::max(lmax, logP[k]);
-    const double w = rule.weights[k];
-    for (int c = 0; c < C; ++c) p_cavity[c] += w * p[c];
-  }
+  double* delta = work;           // [C, N]
+  double* E = delta + C * N;      // [C, N]
+  double* vmax = E + C * N;       // [N], then the tilted weights
+  double* inv_sum = vmax + N;     // [N]
+  double* lse = inv_sum + N;      // [N], then scratch
+  double* m1 = lse + N;           // [C]
+  double* Lh = m1 + C;            // [C, C]
+  evaluate_nodes(C, N, rule.nodes_t.data(), h, L, beta, delta, E, vmax, inv_sum, lse);
+  // log P_k = v_y - lse, with v_y = (h_y + beta_y) + delta_y as in evaluate_nodes.
+  const double a_y = h[y] + beta[y];
+  const double* dy = delta + y * N;
+  double* wp = vmax;
+  for (index_t k = 0; k < N; ++k) wp[k] = (a_y + dy[k]) - lse[k];
+  const double lmax = tilted_weights(C, N, rule.weights.data(), E, inv_sum, wp, p_cavity, lse);
   // Moments of the offsets delta_k = L z_k around the cavity mean, weighted by w_k P_k / P_max.
   double Z = 0.0;
-  for (int c = 0; c < C; ++c) m1[c] = 0.0;
-  for (int i = 0; i < C * C; ++i) cov_hat[i] = 0.0;
-  for (index_t k = 0; k < N; ++k) {
-    const double wp = rule.weights[k] * std::exp(logP[k] - lmax);
-    const double* z = rule.nodes.data() + k * C;
-    for (int c = 0; c < C; ++c) {
-      double s = 0.0;
-      for (int e = 0; e <= c; ++e) s += L[c * C + e] * z[e];
-      v[c] = s;
-    }
-    Z += wp;
-    for (int c = 0; c < C; ++c) {
-      m1[c] += wp * v[c];
-      for (int e = 0; e <= c; ++e) cov_hat[c * C + e] += wp * v[c] * v[e];
-    }
-  }
+  for (index_t k = 0; k < N; ++k) Z += wp[k];
   if (!(Z > 0.0) || !std::isfinite(Z)) return false;
-  for (int c = 0; c < C; ++c) m1[c] /= Z;
+  // A rule with negative weights can return moments no positive measure has: besides Z <= 0 and
+  // an indefinite cov_hat (tested below), cavity class probabilities outside (0, 1).
+  if (rule.has_negative_weights)
+    for (int c = 0; c < C; ++c)
+      if (!(p_cavity[c] > 0.0 && p_cavity[c] < 1.0)) return false;
+  for (int c = 0; c < C; ++c) m1[c] = node_dot(N, wp, delta + c * N) / Z;
   for (int c = 0; c < C; ++c) {
     mean_hat[c] = h[c] + m1[c];
+    // (wp delta_c into E's first row: the products for the C - c second moments of class c)
+    double* wd = E;
+    const double* dc = delta + c * N;
+    for (index_t k = 0; k < N; ++k) wd[k] = wp[k] * dc[k];
     for (int e = 0; e <= c; ++e) {
-      const double s = cov_hat[c * C + e] / Z - m1[c] * m1[e];
+      const double s = node_dot(N, wd, delta + e * N) / Z - m1[c] * m1[e];
       cov_hat[c * C + e] = s;
       cov_hat[e * C + c] = s;
     }
   }
   *log_Z = lmax + std::log(Z);
+  for (int c = 0; c < C; ++c)
+    if (!std::isfinite(mean_hat[c])) return false;
   return small::cholesky(C, cov_hat, Lh);
 }
 
@@ -157,39 +208,44 @@ void softmax_expected_nll(const Cubature& rule, int y, const double* h, const do
                           double* value, double* g_h, double* G_A, double* work) {
   const int C = rule.dim;
   const index_t N = rule.size;
-  double* v = work;
-  double* p = v + C;
-  double* Lbar = p + C;     // C * C
-  double* tmp = Lbar + C * C;  // C * C
-  double val = 0.0;
-  for (int c = 0; c < C; ++c) g_h[c] = 0.0;
-  for (int i = 0; i < C * C; ++i) Lbar[i] = 0.0;
-  for (index_t k = 0; k < N; ++k) {
-    const double* z = rule.nodes.data() + k * C;
-    const double lse = node_softmax(C, h, L, beta, z, v, p);
-    const double w = rule.weights[k];
-    val += w * (lse - v[y]);
-    p[y] -= 1.0;  // d/dv of lse(v) - v_y
-    for (int c = 0; c < C; ++c) {
-      const double wg = w * p[c];
-      g_h[c] += wg;
-      for (int e = 0; e <= c; ++e) Lbar[c * C + e] += wg * z[e];
-    }
+  double* delta = work;           // [C, N]
+  double* E = delta + C * N;      // [C, N], then w_k (softmax(v_k) - e_y)
+  double* vmax = E + C * N;       // [N]
+  double* inv_sum = vmax + N;     // [N]
+  double* lse = inv_sum + N;      // [N]
+  double* Lbar = lse + N;         // [C, C]
+  double* tmp = Lbar + C * C;     // [C, C]
+  evaluate_nodes(C, N, rule.nodes_t.data(), h, L, beta, delta, E, vmax, inv_sum, lse);
+  const double* w = rule.weights.data();
+  const double a_y = h[y] + beta[y];
+  const double* dy = delta + y * N;
+  for (index_t k = 0; k < N; ++k) vmax[k] = lse[k] - (a_y + dy[k]);
+  *value = node_dot(N, w, vmax);
+  // d/dv of lse(v) - v_y at each node, times w_k; then g_h = sum_k and Lbar = sum_k (.) z_k^T.
+  for (int c = 0; c < C; ++c) {
+    double* ec = E + c * N;
+    const double one = c == y ? 1.0 : 0.0;
+    for (index_t k = 0; k < N; ++k) ec[k] = w[k] * (ec[k] * inv_sum[k] - one);
+    double s = 0.0;
+    for (index_t k = 0; k < N; ++k) s += ec[k];
+    g_h[c] = s;
+    for (int e = 0; e < C; ++e) Lbar[c * C + e] = e <= c ? node_dot(N, ec, rule.nodes_t.data() + e * N) : 0.0;
   }
-  *value = val;
   small::cholesky_reverse(C, L, Lbar, G_A, tmp);
 }
 
 void softmax_expected_probabilities(const Cubature& rule, const double* h, const double* L, const double* beta,
                                     double* probabilities, double* work) {
   const int C = rule.dim;
-  double* v = work;
-  double* p = v + C;
-  for (int c = 0; c < C; ++c) probabilities[c] = 0.0;
-  for (index_t k = 0; k < rule.size; ++k) {
-    node_softmax(C, h, L, beta, rule.nodes.data() + k * C, v, p);
-    for (int c = 0; c < C; ++c) probabilities[c] += rule.weights[k] * p[c];
-  }
+  const index_t N = rule.size;
+  double* delta = work;
+  double* E = delta + C * N;
+  double* vmax = E + C * N;
+  double* inv_sum = vmax + N;
+  double* lse = inv_sum + N;
+  evaluate_nodes(C, N, rule.nodes_t.data(), h, L, beta, delta, E, vmax, inv_sum, lse);
+  for (index_t k = 0; k < N; ++k) inv_sum[k] *= rule.weights[k];
+  for (int c = 0; c < C; ++c) probabilities[c] = node_dot(N, E + c * N, inv_sum);
 }
 
 }  // namespace pygpfast::ivm

@@ -136,8 +136,11 @@ void multiclass_predict(const ClassKernels& kernels, int C, ConstMatrixView XI, 
   const index_t d = XI.rows, T = Xnew.rows;
   check_sites(C, d, pi, b);
   const Representation rep = build_representation(kernels, C, XI, pi, b);
-  Cubature q;
+  // q2: where q has negative weights, the product rule for a point whose probabilities by q leave (0, 1).
+  Cubature q, q2;
   if (prob != nullptr) q = make_cubature(rule, C);
+  const bool with_fallback = prob != nullptr && q.has_negative_weights && C <= kMaxGaussHermite3Dim;
+  if (with_fallback) q2 = make_cubature(CubatureRule::GaussHermite3, C);
   const std::size_t nk = kernels.size();
   const index_t CC = static_cast<index_t>(C) * C;
   constexpr index_t kBlock = 256;
@@ -184,8 +187,12 @@ void multiclass_predict(const ClassKernels& kernels, int C, ConstMatrixView XI, 
           failed[t] = 1;
           return;
         }
-        std::vector<double> work(static_cast<std::size_t>(cubature_work_size(q)));
-        softmax_expected_probabilities(q, mean + (t0 + t) * C, Lt.data(), beta, prob + (t0 + t) * C, work.data());
+        std::vector<double> work(static_cast<std::size_t>(
+            std::max(cubature_work_size(q), with_fallback ? cubature_work_size(q2) : index_t{0})));
+        double* pt = prob + (t0 + t) * C;
+        softmax_expected_probabilities(q, mean + (t0 + t) * C, Lt.data(), beta, pt, work.data());
+        if (with_fallback && !std::all_of(pt, pt + C, [](double v) { return v > 0.0 && v < 1.0; }))
+          softmax_expected_probabilities(q2, mean + (t0 + t) * C, Lt.data(), beta, pt, work.data());
       }
     });
     for (index_t t = 0; t < tb; ++t)

@@ -136,8 +136,8 @@ ProjectionResult project_constrained_site(int C, const double* h, const double* 
   for (int k = 0; k < C * C; ++k)
     require(std::isfinite(A[k]) && std::isfinite(A_hat[k]), "projection: A and A_hat must be finite");
   for (int k = 0; k < C; ++k)
-    require(std::isfinite(h[k]) && std::isfinite(h_hat[k]) && pi0[k] > 0.0 && std::isfinite(pi0[k]),
-            "projection: h, h_hat must be finite and pi0 positive");
+    require(std::isfinite(h[k]) && std::isfinite(h_hat[k]) && pi0[k] >= 0.0 && std::isfinite(pi0[k]),
+            "projection: h, h_hat and pi0 must be finite and pi0 non-negative");
   {
     std::vector<double> tmp(static_cast<std::size_t>(C * C));
     if (!small::cholesky(C, A_hat, tmp.data()))

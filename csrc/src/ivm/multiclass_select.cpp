@@ -14,6 +14,7 @@
 #include "pygpfast/errors.hpp"
 #include "pygpfast/ivm/multiclass.hpp"
 #include "pygpfast/threads.hpp"
+#include "pygpfast/vmath.hpp"
 #include "small_dense.hpp"
 
 namespace pygpfast::ivm {
@@ -64,6 +65,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 constexpr index_t kColumnBlock = 512;
 
+// sum_k x_k y_k (vectorised).
+PYGPFAST_SIMD_CLONES double column_dot(index_t d, const double* x, const double* y) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (index_t k = 0; k < d; ++k) s += x[k] * y[k];
+  return s;
+}
+
 // The representation and the stub buffers of the selection (note 2.2), all row-major.
 struct Stubs {
   index_t n, dmax;
@@ -85,15 +94,18 @@ struct Stubs {
     pi.assign(static_cast<std::size_t>(dmax * C), 0.0);
   }
 
-  // h_j [C], A_j [C, C] from the stubs: O(C^2 d).
-  void marginal(index_t j, double* hj, double* Aj) const {
+  // h_j [C], A_j [C, C] from the stubs: O(C^2 d). q: C d doubles of scratch (column j of every
+  // Q^(c), gathered once: C strided reads per row of the buffers instead of C (C + 1)).
+  void marginal(index_t j, double* hj, double* Aj, double* q) const {
+    for (int c = 0; c < C; ++c) {
+      const double* src = Q[c].data() + j;
+      double* dst = q + c * d;
+      for (index_t k = 0; k < d; ++k) dst[k] = src[k * n];
+    }
     for (int c = 0; c < C; ++c) {
       hj[c] = h[c * n + j];
       for (int e = 0; e <= c; ++e) {
-        const double* qc = Q[c].data() + j;
-        const double* qe = Q[e].data() + j;
-        double s = c == e ? a0[c * n + j] : 0.0;
-        for (index_t k = 0; k < d; ++k) s += qc[k * n] * qe[k * n];
+        const double s = (c == e ? a0[c * n + j] : 0.0) + column_dot(d, q + c * d, q + e * d);
         Aj[c * C + e] = s;
         Aj[e * C + c] = s;
       }
@@ -261,7 +273,11 @@ struct Stubs {
   // h [n, C], A [n, C, C] of every point.
   void all_marginals(double* hout, double* Aout) const {
     const index_t CC = static_cast<index_t>(C) * C;
-    parallel_for(n, 64, [&](index_t j) { marginal(j, hout + j * C, Aout + j * CC); });
+    parallel_for(n, 64, [&](index_t j) {
+      thread_local std::vector<double> q;
+      q.resize(static_cast<std::size_t>(C * d));
+      marginal(j, hout + j * C, Aout + j * CC, q.data());
+    });
   }
 };
 
@@ -287,9 +303,13 @@ struct Scorer {
 
   double score(const Stubs& st, index_t j, int y, int& status) const {
     const std::size_t CC = static_cast<std::size_t>(C * C);
-    std::vector<double> hj(C), Aj(CC), Lj(CC), mh(C), Ah(CC), Lh(CC), p(C), col(C), work;
+    // (per thread, reused: the scoring runs |J| times per inclusion)
+    thread_local std::vector<double> hj, Aj, Lj, mh, Ah, Lh, p, col, q, work;
+    for (auto* v : {&hj, &mh, &p, &col}) v->resize(static_cast<std::size_t>(C));
+    for (auto* v : {&Aj, &Lj, &Ah, &Lh}) v->resize(CC);
+    q.resize(static_cast<std::size_t>(C * st.d));
     double log_Z = 0.0;
-    st.marginal(j, hj.data(), Aj.data());
+    st.marginal(j, hj.data(), Aj.data(), q.data());
     if (!small::cholesky(C, Aj.data(), Lj.data())) {
       status = 1;
       return -HUGE_VAL;
@@ -371,13 +391,13 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
 
   Rng rng(opt.seed);
   const index_t jsize = opt.selection_size > 0 ? opt.selection_size : (n + C - 1) / C;
-  std::vector<char> state(static_cast<std::size_t>(n), 0);  // 0 free, 1 active, 2 in J
+  std::vector<char> state(static_cast<std::size_t>(n), 0);  // 0 free, 1 active, 2 in J, 3 skipped
   std::vector<index_t> J, avail;
   std::vector<double> jscore;
   std::vector<int> jstatus;
   std::vector<std::vector<double>> kcol_store(nk, std::vector<double>(static_cast<std::size_t>(n)));
   std::vector<const double*> kcol(C);
-  std::vector<double> hi(C), Ai(CC), Li(CC), mh(C), Ah(CC), p(C), pi0(C), work;
+  std::vector<double> hi(C), Ai(CC), Li(CC), mh(C), Ah(CC), p(C), pi0(C), qi(static_cast<std::size_t>(C * d)), work;
 
   auto free_points = [&]() {
     avail.clear();
@@ -388,12 +408,33 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
   for (index_t t = 0; t < d; ++t) {
     auto t0 = std::chrono::steady_clock::now();
     index_t i = -1;
+    double log_Z = 0.0;
     double best = std::numeric_limits<double>::quiet_NaN();
+    int status = 0;  // of the tilted moments at i (Scorer::tilted)
     if (t < opt.n_random) {
+      // A uniform draw among the free points; one whose moments no rule gives (Stroud5 above
+      // kMaxGaussHermite3Dim classes) is skipped for good and the draw repeated.
       free_points();
-      for (index_t j : J) avail.push_back(j);  // (J is empty during the random phase)
       std::sort(avail.begin(), avail.end());
-      i = avail[rng.below(static_cast<index_t>(avail.size()))];
+      for (;;) {
+        if (avail.empty())
+          throw LinAlgError("ivm.multiclass_select", 1,
+                            "no free point had a positive-definite marginal covariance and valid tilted moments at "
+                            "inclusion " + std::to_string(t + 1));
+        const index_t k = rng.below(static_cast<index_t>(avail.size()));
+        i = avail[k];
+        st.marginal(i, hi.data(), Ai.data(), qi.data());
+        if (!small::cholesky(C, Ai.data(), Li.data()))
+          throw LinAlgError("ivm.multiclass_select", 1,
+                            "the marginal covariance of point " + std::to_string(i) + " is not positive definite");
+        status = scorer.tilted(static_cast<int>(y[i]), hi.data(), Li.data(), mh.data(), Ah.data(), p.data(),
+                               &log_Z, work);
+        if (status != 3) break;
+        ++out.invalid_moments;
+        state[i] = 3;
+        avail.erase(avail.begin() + k);
+      }
+      if (status == 2) ++out.quadrature_fallbacks;
     } else {
       if (J.empty()) {  // first greedy round: J at random
         free_points();
@@ -418,6 +459,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
       index_t best_k = -1;
       for (std::size_t k = 0; k < J.size(); ++k) {
         if (jstatus[k] == 2) ++out.quadrature_fallbacks;
+        if (jstatus[k] == 3) ++out.invalid_moments;
         if (jscore[k] > -HUGE_VAL && (best_k < 0 || jscore[k] > jscore[best_k])) best_k = static_cast<index_t>(k);
       }
       if (best_k < 0)
@@ -426,21 +468,15 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
                           "and valid tilted moments at inclusion " + std::to_string(t + 1));
       i = J[best_k];
       best = jscore[best_k];
+      // (the scoring's moments at i again: the same arithmetic, so valid as they were there)
+      st.marginal(i, hi.data(), Ai.data(), qi.data());
+      small::cholesky(C, Ai.data(), Li.data());
+      scorer.tilted(static_cast<int>(y[i]), hi.data(), Li.data(), mh.data(), Ah.data(), p.data(), &log_Z, work);
     }
     out.score_seconds.push_back(seconds_since(t0));
 
-    // Site of i: tilted moments, then the constrained projection from pi0 = (e_y + E[softmax]) / 2.
+    // Site of i: the constrained projection of its tilted moments from pi0 = (e_y + E[softmax]) / 2.
     const int yi = static_cast<int>(y[i]);
-    st.marginal(i, hi.data(), Ai.data());
-    if (!small::cholesky(C, Ai.data(), Li.data()))
-      throw LinAlgError("ivm.multiclass_select", 1,
-                        "the marginal covariance of point " + std::to_string(i) + " is not positive definite");
-    double log_Z = 0.0;
-    const int status = scorer.tilted(yi, hi.data(), Li.data(), mh.data(), Ah.data(), p.data(), &log_Z, work);
-    if (status == 3)
-      throw LinAlgError("ivm.multiclass_select", 1,
-                        "the tilted covariance of point " + std::to_string(i) + " is not positive definite under the rule");
-    if (status == 2 && t < opt.n_random) ++out.quadrature_fallbacks;
     for (int c = 0; c < C; ++c) pi0[c] = 0.5 * ((c == yi ? 1.0 : 0.0) + p[c]);
     const ProjectionResult proj =
         project_constrained_site(C, hi.data(), Ai.data(), mh.data(), Ah.data(), pi0.data(), opt.max_newton);

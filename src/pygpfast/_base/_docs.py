@@ -3,7 +3,7 @@
 KERNEL = """    kernel : pygpfast.kernels.Kernel or None, default None
         Prior covariance, shared by the latent functions, and where the hyperparameter search
         starts. None: RBF with ARD lengthscales from the median distance along each input
-        dimension (times sqrt(D)) on a subsample of X.
+        dimension between rows that differ there (times sqrt(D)) on a subsample of X.
 """
 
 COMMON = """    optimize_hyperparameters : bool, default True

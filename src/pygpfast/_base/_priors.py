@@ -8,7 +8,8 @@ theta = log l (pygpfast's convention, :mod:`pygpfast.priors`) the same MAP objec
 N(theta | sqrt(2) + log(D) / 2 - 3, 3): its mode, 0.205 sqrt(D), is the mode of theirs.
 pygpfast does not rescale the inputs, so the unit cube's width is read from the data: two
 points drawn uniformly from [0, 1] lie a median 1 - 1/sqrt(2) = 0.293 apart, so an input
-dimension whose median distance between rows is m_d counts as a cube of width m_d / 0.293.
+dimension whose median distance between rows (those that differ there) is m_d counts as a cube
+of width m_d / 0.293.
 The prior on lengthscale d is then LogNormal(log(m_d sqrt(D)) + LENGTHSCALE_OFFSET, sqrt(3))
 with LENGTHSCALE_OFFSET = sqrt(2) - 3 - log(1 - 1/sqrt(2)) = -0.358: centred at 0.70 times the
 median-distance lengthscale m_d sqrt(D) from which the default kernel starts
@@ -30,7 +31,7 @@ import numpy as np
 
 from ..priors import LogNormal
 from . import _diagnose
-from ._start import stationary_leaves
+from ._start import dimension_spread, stationary_leaves
 
 #: Standard deviation of log l (Hvarfner, Hellsten & Nardi 2024).
 LENGTHSCALE_SCALE = float(np.sqrt(3.0))
@@ -45,17 +46,13 @@ NOISE_FRACTION = 0.1
 
 
 def reference_lengthscale(X, max_rows=1000, pairs=200):
-    """m_d sqrt(D) [D]: the median |x_d - x'_d| over `max_rows` x `pairs` pairs of evenly spaced
-    rows of X (deterministic: the random state is not touched), times sqrt(D); 1 sqrt(D) where a
-    dimension does not vary. The lengthscale of the default kernel's start, up to its random
-    subsample."""
+    """m_d sqrt(D) [D]: :func:`pygpfast._base._start.dimension_spread` over `max_rows` x `pairs`
+    pairs of evenly spaced rows of X (deterministic: the random state is not touched), times
+    sqrt(D). The lengthscale of the default kernel's start, up to its random subsample."""
     N, D = X.shape
     sub = np.asarray(X[_diagnose._query_rows(N, max_rows)], dtype=np.float64)
     other = sub[_diagnose._query_rows(sub.shape[0], pairs)]  # (spread over all rows: X may be sorted)
-    spread = np.array([np.median(np.abs(sub[:, None, d] - other[None, :, d]))
-                       for d in range(D)])
-    spread = np.where(np.isfinite(spread) & (spread > 0), spread, 1.0)
-    return spread * np.sqrt(D)
+    return dimension_spread(sub, other) * np.sqrt(D)
 
 
 def attach_default_priors(kernel, X, scale=1.0):

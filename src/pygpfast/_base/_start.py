@@ -56,15 +56,33 @@ def same_param(a, b):
     return a is b or (isinstance(a, plain) and isinstance(b, plain) and a == b)
 
 
+def dimension_spread(rows, others):
+    """m_d [D]: per input dimension, the median of |x_d - x'_d| over the pairs of `rows` [R, D] and
+    `others` [P, D] that differ in dimension d; 1 for a dimension where none does (or where the
+    median is not finite). The scale of the default kernel's lengthscales and of the default
+    priors' (:mod:`pygpfast._base._priors`).
+
+    (Over the pairs that differ: in a dimension where half the pairs agree exactly, such as the
+    pixels of a digit's border that are mostly 0, the median over all pairs is the smallest
+    difference, ~1e-3 on USPS, and one point that differs there is cut off from all others.)"""
+    spread = np.ones(rows.shape[1])
+    for d in range(rows.shape[1]):
+        diff = np.abs(rows[:, None, d] - others[None, :, d])
+        diff = diff[diff > 0]
+        if diff.size:
+            median = np.median(diff)
+            if np.isfinite(median):
+                spread[d] = median
+    return spread
+
+
 def default_kernel(X, random_state, variance=1.0):
-    """RBF with ARD lengthscales set by the median-distance heuristic per input dimension
-    (median |x_d - x'_d| over 1000 x 200 pairs of a subsample, times sqrt(D))."""
+    """RBF with ARD lengthscales set by the median-distance heuristic per input dimension:
+    :func:`dimension_spread` over 1000 x 200 pairs of a random subsample, times sqrt(D)."""
     N, D = X.shape
     idx = np.sort(sample_without_replacement(N, min(N, 1000), random_state=random_state))
     sub = np.asarray(X[idx], dtype=np.float64)
-    spread = np.array([np.median(np.abs(sub[:, None, d] - sub[None, :200, d])) for d in range(D)])
-    spread = np.where(spread > 0, spread, 1.0)
-    return _kernels.RBF(variance=variance, lengthscale=spread * np.sqrt(D))
+    return _kernels.RBF(variance=variance, lengthscale=dimension_spread(sub, sub[:200]) * np.sqrt(D))
 
 
 #: A given kernel's prior variance k(x, x) and its stationary leaves' lengthscales must lie

@@ -93,7 +93,12 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
     cubature : {"auto", "gauss-hermite", "stroud"}, default "auto"
         C-dimensional rule of the joint model's Gaussian expectations: the 3-point
         Gauss-Hermite product (3^C nodes) or Stroud's degree-5 rule (2 C^2 + 1 nodes);
-        "auto": Gauss-Hermite up to 5 classes.
+        "auto": Gauss-Hermite up to 5 classes. Stroud's rule has negative weights from C = 5
+        on: at a point where its tilted moments or class probabilities are those of no
+        positive measure (a normaliser <= 0, an indefinite covariance, a probability outside
+        (0, 1)), the selection and the prediction take that point's by the Gauss-Hermite
+        product (up to 12 classes; above, the selection skips the point). The bound keeps
+        the chosen rule throughout.
     n_random : int, default 2
         The first inclusions are drawn at random (Seeger & Jordan 2004: "2 or 3").
     keep_fraction : float, default 0.5

@@ -8,8 +8,10 @@
 //                  monomial whose exponents are all <= 5.
 //   Stroud5:       Stroud's degree-5 rule E_n^{r^2} 5-2 rescaled to N(0, I_C); 2 C^2 + 1 nodes,
 //                  exact for total degree <= 5. Its axis weights (4 - C) / (2 (C + 2)^2) are
-//                  negative from C = 5 on, so tilted covariances can come out indefinite; the
-//                  moment routines below then fall back to GaussHermite3.
+//                  negative from C = 5 on, so at far-out cavities (large variances or means)
+//                  its moments can be those of no positive measure: softmax_tilted_moments
+//                  reports them invalid, and the callers fall back to GaussHermite3 for that
+//                  point (multiclass.hpp).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,7 @@ struct Cubature {
   int dim = 0;
   index_t size = 0;             // number of nodes N
   std::vector<double> nodes;    // [N, dim] row-major
+  std::vector<double> nodes_t;  // [dim, N]: the same, dimension-major (the routines' SIMD layout)
   std::vector<double> weights;  // [N], sum 1
   bool has_negative_weights = false;
 };
@@ -51,8 +54,10 @@ index_t cubature_work_size(const Cubature& rule);
 // the cavity N(h, A) (L: the lower Cholesky factor of A, [C, C] row-major):
 //   log_Z = log E[P(y | u)], mean_hat = E~[u], cov_hat = Cov~[u] under the tilted density
 //   N(u | h, A) P(y | u) / Z, and p_cavity = E[softmax(u + beta)] under the cavity.
-// Returns false (outputs unspecified) when the rule's Z is not positive or cov_hat is not
-// positive definite (possible only for Stroud5). Never throws. work: cubature_work_size doubles.
+// Returns false (outputs unspecified) when the moments are not those of a positive measure:
+// Z not positive and finite, mean_hat not finite, cov_hat not positive definite, or, for a rule
+// with negative weights, an entry of p_cavity outside (0, 1) (in practice only Stroud5 from
+// C = 5 on, at far-out cavities). Never throws. work: cubature_work_size doubles.
 bool softmax_tilted_moments(const Cubature& rule, int y, const double* h, const double* L,
                             const double* beta, double* mean_hat, double* cov_hat,
                             double* p_cavity, double* log_Z, double* work);

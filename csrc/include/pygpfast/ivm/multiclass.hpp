@@ -48,9 +48,10 @@ struct ProjectionResult {
 // f(pi) by the safeguarded Newton method (full Hessian when positive definite, else the convex
 // majoriser's; Armijo backtracking; pi clipped to [1e-10, 1e10]; stop when the decrement
 // |grad^T step| < 1e-13 max(1, |f|), or a step gaining < 1e-12 max(1, |f|) with the decrement
-// < 1e-9 max(1, |f|), e.g. when the infimum lies at pi_k -> infinity). pi0 [C] > 0 is the start (the driver uses
-// (e_y + E[softmax]) / 2). Throws std::invalid_argument / LinAlgError for A or A_hat not
-// positive definite.
+// < 1e-9 max(1, |f|), e.g. when the infimum lies at pi_k -> infinity). pi0 [C] >= 0 is the start,
+// clipped to [1e-10, 1e10] like every iterate (the driver uses (e_y + E[softmax]) / 2, whose
+// entries underflow to 0 at far-out cavities). Throws std::invalid_argument for non-finite input
+// or a negative pi0, LinAlgError for A or A_hat not positive definite.
 ProjectionResult project_constrained_site(int C, const double* h, const double* A, const double* h_hat,
                                           const double* A_hat, const double* pi0, int max_iterations = 50);
 
@@ -85,7 +86,13 @@ struct Selection {
   std::vector<int> newton_converged;   // [d] 0/1
   std::vector<double> score_seconds;   // [d] time scoring J before the inclusion
   std::vector<double> update_seconds;  // [d] time of the representation and stub update
-  index_t quadrature_fallbacks = 0;    // Stroud5 moments that were not valid (GaussHermite3 used)
+  // Tilted moments of a candidate (one per candidate and round) or of a random pick that the rule
+  // could not give (softmax_tilted_moments false: Stroud5 from C = 5 on) and GaussHermite3 gave
+  // in their place; and those no rule gave (Stroud5 above kMaxGaussHermite3Dim classes, where
+  // GaussHermite3 is not offered): such a candidate is not scored that round, such a random
+  // pick is skipped for the rest of the selection and the draw repeated.
+  index_t quadrature_fallbacks = 0;
+  index_t invalid_moments = 0;
   std::vector<double> history_h;       // [d, n, C] with record_marginals
   std::vector<double> history_A;       // [d, n, C, C] with record_marginals
 };
@@ -98,7 +105,8 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
 
 // ---- Prediction (note 2.7): O(C d^2 + C^2 d) per test point after an O(C d^3) set-up ----
 // mean [T, C], cov [T, C, C] (may be null), prob [T, C] = E[softmax(u + beta)] by the rule
-// (may be null).
+// (may be null; where Stroud5's negative weights put a probability outside (0, 1), that point's
+// by GaussHermite3, up to kMaxGaussHermite3Dim classes).
 void multiclass_predict(const ClassKernels& kernels, int num_classes, ConstMatrixView X_active, const double* pi,
                         const double* b, const double* beta, ConstMatrixView Xnew, CubatureRule rule, double* mean,
                         double* cov, double* prob);
