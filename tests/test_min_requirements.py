@@ -1,4 +1,5 @@
-"""The floors that CI tests (.ci/min-requirements.txt) are the ones pyproject.toml declares."""
+"""pyproject.toml against what the package and CI say: the floors that CI tests
+(.ci/min-requirements.txt) are the ones it declares, and its version is the package's."""
 
 import sys
 from pathlib import Path
@@ -43,3 +44,12 @@ def test_ci_pins_each_declared_floor_at_a_patch_release_of_it():
         # numpy>=1.23 pinned as 1.23.5: the same release up to the floor's last component
         pin = pins[name]
         assert pin.release[:len(floor.release)] == floor.release and not pin.pre, (name, pin, floor)
+
+
+def test_the_built_version_is_the_package_version():
+    """pyproject.toml's [project] version (what pip records) repeats src/pygpfast/_version.py's
+    (what pickles record): the two must not drift apart."""
+    import pygpfast
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        assert tomllib.load(f)["project"]["version"] == pygpfast.__version__
