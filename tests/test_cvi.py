@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import special
+from scipy import optimize, special
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import StandardScaler
@@ -232,7 +232,30 @@ def test_ordinal_recovers_the_ground_truth(rng):
     # ... with error bars that mean something: close to the truth, and tight
     assert np.abs(mean - truth).max() < 0.6
     assert np.sqrt(var).max() < 0.5
-    assert np.allclose(clf.local_bound_.thresholds, phi, atol=0.6)
+    # The thresholds against those the same labels give with the latent function known (the
+    # maximum-likelihood cut points at the true f, densely): with 400 labels they are
+    # themselves up to 0.35 from the truth (sampling), and the fit's are 0.13 from them
+    # (0.06 to 0.15 over data seeds 0 to 3), the latent function's posterior sd here 0.2.
+    # (The check was atol 0.6 against the truth, on thresholds 1.5 apart.)
+    np.testing.assert_allclose(clf.local_bound_.thresholds, _ordinal_oracle(f, y, 3), atol=0.2)
+
+
+def _ordinal_oracle(f, y, K):
+    """The K cut points maximising the cumulative-logit likelihood of labels y [N] in 0..K at
+    the latent values f [N] (known), by Nelder-Mead on (phi_0, log of the gaps)."""
+    def cut_points(x):
+        return np.cumsum(np.concatenate([x[:1], np.exp(x[1:])]))
+
+    def negative_log_likelihood(x):
+        cdf = np.column_stack([np.zeros(f.size), special.expit(cut_points(x)[None, :] - f[:, None]),
+                               np.ones(f.size)])
+        rows = np.arange(f.size)
+        return -np.sum(np.log(cdf[rows, y + 1] - cdf[rows, y]))
+
+    r = optimize.minimize(negative_log_likelihood, np.zeros(K), method="Nelder-Mead",
+                          options={"xatol": 1e-9, "fatol": 1e-12, "maxiter": 4000})
+    assert r.success
+    return cut_points(r.x)
 
 
 LEVELS = np.array(["low", "mid", "high"])  # an ordinal scale whose sorted order is not its own
