@@ -1,5 +1,7 @@
 """The concave variational inference core (seed 004) against dense numpy/scipy references."""
 
+import re
+
 import numpy as np
 import pytest
 from scipy import integrate, optimize, special
@@ -753,17 +755,28 @@ def test_poisson_from_lambda_zero_under_a_prior_whose_rates_overflow(variance):
 # stuck off eq. (7) (rates e^38 and more, residuals up to 1e58; seeds 33 to 211), and V drifted
 # in rank-one updates that changed variances by factors up to 1e17, so that the bound carried
 # along was off the bound at the returned (alpha, lambda) (-23.9 for -10.1: 2118 to 2822).
-@pytest.mark.parametrize("seed", [33, 42, 49, 60, 115, 120, 165, 180, 204, 211, 2118, 2411, 2603, 2822])
+@pytest.mark.parametrize("seed", [33, 42, 49, 60, 115, 120, 165, 180, 204, 211, 2118, 2411, 2603,
+                                  2822])
 def test_a_run_reported_converged_is_at_the_optimum_whatever_the_start(seed):
     Sigma, y, alpha0, lam0 = _poisson_warm_start(seed)
     lb = cvi.LocalBound("poisson")
     cold = _infer(Sigma, y, lb, tol=1e-12)
     assert cold.converged
     try:
-        warm = _infer(Sigma, y, lb, alpha=alpha0, lambda_=lam0, tol=1e-12)
-    except LinAlgError:  # (allowed too: the estimators restart from lambda = 0 after either)
-        return
-    if warm.converged:
+        warm, error = _infer(Sigma, y, lb, alpha=alpha0, lambda_=lam0, tol=1e-12), None
+    except LinAlgError as e:
+        warm, error = None, str(e)
+    if error is not None:
+        # Where the first sweep's site precisions leave V = (Sigma^-1 + Lambda)^-1 no digits
+        # (seed 60: lambda_i Sigma_ii up to 1.3e26; 211: 1.7e78, and a stalled run instead under
+        # the dependency floors' OpenBLAS, which rounds differently), the error says so and what
+        # to change; the estimators then restart from lambda = 0, the cold start above. (The
+        # test returned on the error, checking nothing.)
+        found = re.search(r"lost positive definiteness .* the site precisions are too large for "
+                          r"this prior \(lambda_i Sigma_ii up to (\S+), .* start from smaller ones",
+                          error)
+        assert found and float(found.group(1)) > 1e16
+    elif warm.converged:
         at_result = _oa_objective(Sigma, y, lb, warm.alpha, warm.lambda_)[0]
         assert warm.bound == pytest.approx(at_result, rel=1e-8)
         assert warm.bound == pytest.approx(cold.bound, rel=1e-8)

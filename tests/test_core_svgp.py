@@ -7,6 +7,7 @@ import scipy.linalg
 from scipy.special import log_ndtr
 
 from pygpfast import _core, kernels, likelihoods
+from blas_rounding import assert_same
 from dense import jittered
 
 GH_X, GH_W = np.polynomial.hermite.hermgauss(20)
@@ -236,11 +237,13 @@ def test_phases_do_not_depend_on_the_thread_count(rng, restore_threads, whiten, 
         pygpfast.set_num_threads(threads)
         out.append(elbo_by_path(kernel, Z, m, L, whiten, X, y, path, natural=natural))
     assert out[0][5] == out[1][5] == path
-    if not _core.blas.thread_control:  # (the blocks' BLAS calls then run on the BLAS's threads)
-        pytest.skip("this BLAS's thread count cannot be set")
-    assert out[0][0] == out[1][0]
+    # Where the BLAS cannot be held to one thread (the dependency floors), the blocks' BLAS
+    # calls run on its threads, one or two here, and round differently with their count: to
+    # rounding, measured up to 6e-13 relative in the ELBO and 1e-9 of a gradient's largest entry
+    # (the unwhitened precomputed path, through Kzz^-1; 1e-13 whitened).
+    assert_same(out[0][0], out[1][0], rtol=1e-11)
     for a, b in zip(out[0][4], out[1][4]):
-        np.testing.assert_array_equal(a, b)
+        assert_same(a, b, rtol=1e-8)
 
 
 def test_an_error_in_the_parallel_phases_reaches_the_caller(rng, restore_threads):

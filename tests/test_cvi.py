@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import special
+from scipy import optimize, special
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.preprocessing import StandardScaler
@@ -16,7 +16,7 @@ from pygpfast import VGPClassifier, VGPPoissonRegressor
 from pygpfast.datasets import load_ionosphere
 from pygpfast.kernels import RBF
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = Path(__file__).resolve().parent / "data"  # (tests/data/make_data.py)
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +232,30 @@ def test_ordinal_recovers_the_ground_truth(rng):
     # ... with error bars that mean something: close to the truth, and tight
     assert np.abs(mean - truth).max() < 0.6
     assert np.sqrt(var).max() < 0.5
-    assert np.allclose(clf.local_bound_.thresholds, phi, atol=0.6)
+    # The thresholds against those the same labels give with the latent function known (the
+    # maximum-likelihood cut points at the true f, densely): with 400 labels they are
+    # themselves up to 0.35 from the truth (sampling), and the fit's are 0.13 from them
+    # (0.06 to 0.15 over data seeds 0 to 3), the latent function's posterior sd here 0.2.
+    # (The check was atol 0.6 against the truth, on thresholds 1.5 apart.)
+    np.testing.assert_allclose(clf.local_bound_.thresholds, _ordinal_oracle(f, y, 3), atol=0.2)
+
+
+def _ordinal_oracle(f, y, K):
+    """The K cut points maximising the cumulative-logit likelihood of labels y [N] in 0..K at
+    the latent values f [N] (known), by Nelder-Mead on (phi_0, log of the gaps)."""
+    def cut_points(x):
+        return np.cumsum(np.concatenate([x[:1], np.exp(x[1:])]))
+
+    def negative_log_likelihood(x):
+        cdf = np.column_stack([np.zeros(f.size), special.expit(cut_points(x)[None, :] - f[:, None]),
+                               np.ones(f.size)])
+        rows = np.arange(f.size)
+        return -np.sum(np.log(cdf[rows, y + 1] - cdf[rows, y]))
+
+    r = optimize.minimize(negative_log_likelihood, np.zeros(K), method="Nelder-Mead",
+                          options={"xatol": 1e-9, "fatol": 1e-12, "maxiter": 4000})
+    assert r.success
+    return cut_points(r.x)
 
 
 LEVELS = np.array(["low", "mid", "high"])  # an ordinal scale whose sorted order is not its own
@@ -482,7 +505,6 @@ def test_callback_sees_the_current_posterior_and_can_stop(rng):
     assert full.n_iter_ > 3 and full.objective_ > clf.objective_
 
 
-@pytest.mark.skipif(not (DATA / "uci_glass.npz").exists(), reason="shared data not available")
 def test_glass_multiclass_beats_the_class_frequencies():
     d = np.load(DATA / "uci_glass.npz")
     X = StandardScaler().fit_transform(d["X"])

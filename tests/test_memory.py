@@ -3,6 +3,9 @@ that names the size, the memory available and what to do; bounded scratch in pre
 
 No test here allocates much: the available memory is mocked small."""
 
+import os
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -33,9 +36,36 @@ def binary(n, rng, d=2):
     return X, (X[:, 0] > 0).astype(int)
 
 
-def test_available_bytes_is_positive_or_unknown():
+@pytest.mark.skipif(not hasattr(os, "sysconf"), reason=(
+    "Windows: no /proc/meminfo and no os.sysconf, so the memory available is unknown "
+    "(available_bytes() is None, and the estimators do not check)"))
+def test_available_bytes_is_a_real_figure():
+    # (It accepted None everywhere; None is only for a platform without either source.)
     n = _memory.available_bytes()
-    assert n is None or (isinstance(n, int) and n > 0)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert isinstance(n, int) and 0 < n <= physical
+    if sys.platform.startswith("linux"):  # (MemAvailable, not the physical memory)
+        assert _memory._meminfo_available() is not None
+
+
+_LIMITED = """
+import os, resource
+from pygpfast._base import _memory
+size = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.RLIM_INFINITY))
+print(_memory.available_bytes())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="RLIMIT_AS headroom is read from /proc/self/statm (Linux)")
+def test_available_bytes_is_the_headroom_under_an_address_space_limit(tmp_path):
+    # ulimit -v 512 MiB above the process's size: that headroom, not the machine's memory.
+    package_root = os.path.dirname(os.path.dirname(pygpfast.__file__))
+    out = subprocess.run([sys.executable, "-c", _LIMITED], cwd=tmp_path, capture_output=True,
+                         text=True, check=True, env=dict(os.environ, PYTHONPATH=package_root))
+    n = int(out.stdout)
+    assert (512 - 16) << 20 <= n <= 512 << 20  # (less what the process mapped in between)
 
 
 @pytest.mark.parametrize("likelihood, C, matrices", [("logit", 2, 5), ("softmax", 3, 10),

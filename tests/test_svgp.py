@@ -2,9 +2,12 @@
 and the estimators' behaviour."""
 
 
+import copy
+
 import numpy as np
 import pytest
 import scipy.linalg
+import scipy.optimize
 from scipy.special import gammaln, log_ndtr
 
 import pygpfast
@@ -300,7 +303,27 @@ def test_classifier_adam_minibatch_path(rng):
     assert clf.score(*two_moons(rng, 500)) > 0.9
 
 
-def test_regressor_recovers_function(rng):
+def exact_gp_map(kernel, likelihood, X, t):
+    """Copies of `kernel` and the Gaussian `likelihood` at the maximum of the exact GP's log
+    marginal likelihood of targets t plus their log priors (the objective SVGPRegressor
+    bounds), densely by Nelder-Mead from their current hyperparameters."""
+    kernel, likelihood = copy.deepcopy(kernel), copy.deepcopy(likelihood)
+    n = kernel.n_params
+
+    def negative(theta):
+        kernel.theta, likelihood.theta = theta[:n], theta[n:]
+        L = np.linalg.cholesky(kernel(X) + likelihood.params[0] * np.eye(len(X)))
+        a = scipy.linalg.solve_triangular(L, t, lower=True)
+        return 0.5 * a @ a + np.log(np.diag(L)).sum() - kernel.log_prior() - likelihood.log_prior()
+
+    r = scipy.optimize.minimize(negative, np.concatenate([kernel.theta, likelihood.theta]),
+                                method="Nelder-Mead", options={"xatol": 1e-8, "fatol": 1e-10})
+    assert r.success
+    negative(r.x)
+    return kernel, likelihood
+
+
+def test_regressor_recovers_function(rng, one_blas_thread):
     X = rng.uniform(-3, 3, (300, 1))
     f = np.sin(2 * X[:, 0])
     y = f + 0.1 * rng.standard_normal(300)
@@ -308,7 +331,14 @@ def test_regressor_recovers_function(rng):
     Xs = np.linspace(-2.5, 2.5, 50)[:, None]
     mean, std = reg.predict(Xs, return_std=True)
     assert np.abs(mean - np.sin(2 * Xs[:, 0])).max() < 0.15
-    np.testing.assert_allclose(reg.likelihood_.params[0] * reg.y_scale_**2, 0.01, rtol=0.5)
+    # The noise variance at the exact GP's optimum of the same objective (the sparse bound's
+    # optimum lies near it with M = 15 on this 1-D function): 0.0096076 against 0.0096189,
+    # 1.2e-3 apart (1e-3 to 1.2e-2 over data seeds 0 to 4; rtol 0.5 against the truth before).
+    # That optimum is itself the truth 0.01 up to sampling, sd 0.01 sqrt(2 / 300) = 8e-4.
+    noise = reg.likelihood_.params[0] * reg.y_scale_**2
+    _, exact = exact_gp_map(reg.kernel_, reg.likelihood_, X, (y - reg.y_mean_) / reg.y_scale_)
+    np.testing.assert_allclose(noise, exact.params[0] * reg.y_scale_**2, rtol=1e-2)
+    assert abs(noise - 0.01) < 3 * 0.01 * np.sqrt(2 / 300)
     assert np.all(std > 0.05)
 
 

@@ -13,6 +13,7 @@ from sklearn.datasets import make_moons
 from sklearn.exceptions import ConvergenceWarning
 
 from pygpfast._base import _streaming
+from pygpfast.kernels import RBF
 from pygpfast.svgp import SVGPClassifier, SVGPRegressor
 
 
@@ -119,6 +120,57 @@ def test_partial_fit_over_chunks():
         clf.partial_fit(X[:3], np.array(["a", "b", "c"]))
     with pytest.raises(ValueError, match="differs"):
         clf.partial_fit(X[:3], labels[:3], classes=["a", "c"])
+
+
+def _titsias_optimum(kernel, Z, X, y, noise, jitter):
+    """The optimal q(u) = N(m, S) for a Gaussian likelihood with Z and the hyperparameters
+    fixed (Titsias 2009; Hensman, Fusi & Lawrence 2013, eq. 7), densely: with
+    P = Kzz + Kzx Kxz / noise, m = Kzz P^-1 Kzx y / noise and S = Kzz P^-1 Kzz; Kzz with the
+    model's jitter (relative to its mean diagonal). Returns (Kzz, m, S)."""
+    Kzz = kernel(Z)
+    Kzz.flat[:: len(Z) + 1] += jitter * np.mean(np.diag(Kzz))
+    Kzx = kernel(Z, X)
+    P = Kzz + Kzx @ Kzx.T / noise
+    S = Kzz @ np.linalg.solve(P, Kzz)
+    return Kzz, Kzz @ np.linalg.solve(P, Kzx @ y) / noise, 0.5 * (S + S.T)
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+def test_one_pass_of_partial_fit_reaches_the_exact_optimum_of_a_gaussian_problem(whiten):
+    # (partial_fit was checked by its score only.) With Z and the hyperparameters fixed, the
+    # natural-gradient steps at rho_t = 1 / (t + 1) average the minibatches' targets: one pass
+    # over the data in minibatches weighted against n_total is the closed-form optimum, here
+    # three chunks of 200 rows in minibatches of 100 (six steps). Measured 2e-13 (q's mean),
+    # 2e-12 (its covariance) and 1e-12 (the predictions) of the largest entry.
+    rng = np.random.default_rng(0)
+    N, M, noise = 600, 12, 0.02
+    X = rng.uniform(-3.0, 3.0, (N, 1))
+    y = np.sin(2.0 * X[:, 0]) + 0.1 * rng.standard_normal(N)
+    Z = np.linspace(-3.0, 3.0, M)[:, None]
+    kernel = RBF(variance=1.3, lengthscale=0.7)
+    reg = SVGPRegressor(kernel=kernel, noise_variance=noise, normalize_y=False, inducing_points=Z,
+                        whiten=whiten, train_inducing=False, optimize_hyperparameters=False,
+                        batch_size=100, random_state=0)
+    for chunk in np.array_split(np.arange(N), 3):
+        reg.partial_fit(X[chunk], y[chunk], n_total=N)
+    assert reg.n_steps_ == 6 and reg.likelihood_.params[0] == noise
+    np.testing.assert_array_equal(reg.model_.Z, Z)
+    Kzz, m, S = _titsias_optimum(kernel, Z, X, y, noise, reg.model_.jitter)
+    q_mu, q_sqrt = reg.model_.q_mu.reshape(M), reg.model_.q_sqrt.reshape(M, M)
+    q_S = q_sqrt @ q_sqrt.T
+    if whiten:  # (u = Lz v)
+        Lz = np.linalg.cholesky(Kzz)
+        q_mu, q_S = Lz @ q_mu, Lz @ q_S @ Lz.T
+    np.testing.assert_allclose(q_mu, m, rtol=0, atol=1e-10 * np.abs(m).max())
+    np.testing.assert_allclose(q_S, S, rtol=0, atol=1e-10 * np.abs(S).max())
+    # The predictive marginals of q(f) at new inputs, inside the data and beyond it.
+    Xs = np.linspace(-3.5, 3.5, 30)[:, None]
+    Kzs = kernel(Z, Xs)
+    A = np.linalg.solve(Kzz, Kzs)
+    var = kernel.diag(Xs) - np.sum(Kzs * A, axis=0) + np.sum(A * (S @ A), axis=0)
+    mean_fit, var_fit = reg.predict_latent(Xs)
+    np.testing.assert_allclose(mean_fit, A.T @ m, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(var_fit, var, rtol=0, atol=1e-10 * var.max())
 
 
 def test_partial_fit_default_n_total_is_rows_seen_and_continues_a_fit():
