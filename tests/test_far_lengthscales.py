@@ -236,8 +236,10 @@ def test_labels_without_signal_are_not_a_far_lengthscale(Estimator, lengthscale)
     assert np.all((est.kernel_.lengthscale > median / 10) & (est.kernel_.lengthscale < 10 * median))
     if lengthscale is not None:
         # From a far start, the optimum of the start at lengthscale 1: objectives measured
-        # 6e-8 (VGP) and 2e-6 (SVGP) apart, probabilities at new inputs 1e-4 and 1e-3.
-        assert est.objective_ == pytest.approx(healthy.objective_, rel=1e-5)
+        # 6e-8 (VGP) and 2e-6 to 1.1e-5 (SVGP: where L-BFGS-B stops depends on the path; 1.1e-5
+        # after the start's median distance changed to the pairs that differ) apart,
+        # probabilities at new inputs 1e-4 and 1e-3.
+        assert est.objective_ == pytest.approx(healthy.objective_, rel=3e-5)
         Xt = _data(seed=1)[0]
         np.testing.assert_allclose(est.predict_proba(Xt), healthy.predict_proba(Xt), atol=3e-3)
 
