@@ -45,7 +45,7 @@ def test_arrays_must_be_float64_contiguous():
 @pytest.mark.parametrize(
     "kind, variance, n_gh, message",
     [
-        (5, 1.0, 20, "unknown likelihood type 5"),
+        (6, 1.0, 20, "unknown likelihood type 6"),
         (-1, 1.0, 20, "unknown likelihood type -1"),
         (GAUSSIAN, 0.0, 20, "variance must be positive"),
         (GAUSSIAN, np.inf, 20, "variance must be positive"),

@@ -24,6 +24,7 @@ from blas_rounding import EXACT, assert_same
 ESTIMATORS = [
     ("SVGPClassifier", lambda **kw: pygpfast.SVGPClassifier(n_inducing=8, max_iter=40, **kw), "binary"),
     ("SVGPClassifier-softmax", lambda **kw: pygpfast.SVGPClassifier(n_inducing=8, max_iter=40, **kw), "multiclass"),
+    ("SVGPClassifier-robustmax", lambda **kw: pygpfast.SVGPClassifier(likelihood="robustmax", n_inducing=8, max_iter=40, **kw), "multiclass"),
     ("SVGPClassifier-mf", lambda **kw: pygpfast.SVGPClassifier(n_inducing=8, max_iter=40, method="mf", **kw), "binary"),
     ("SVGPClassifier-natgrad", lambda **kw: pygpfast.SVGPClassifier(n_inducing=8, max_iter=5, optimizer="natgrad", batch_size=32, **kw), "binary"),
     ("SVGPRegressor", lambda **kw: pygpfast.SVGPRegressor(n_inducing=8, max_iter=40, **kw), "regression"),

@@ -196,7 +196,7 @@ def test_label_noise_helps_on_flipped_labels():
 def test_label_noise_needs_two_classes_and_method_kl():
     X, y = _flipped_data(n=60)
     y3 = y + (X[:, 1] > 1)
-    with pytest.raises(ValueError, match="label_noise=0.1 needs two classes"):
+    with pytest.raises(ValueError, match="label_noise=0.1 needs a Bernoulli likelihood"):
         pygpfast.SVGPClassifier(label_noise=0.1, max_iter=3).fit(X, y3)
     with pytest.raises(ValueError, match="method='mf'.*label_noise=0.1"):
         pygpfast.SVGPClassifier(label_noise=0.1, method="mf", max_iter=3).fit(X, y)

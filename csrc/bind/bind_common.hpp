@@ -114,13 +114,15 @@ inline piecewise::Bound make_piecewise_bound(const py::array& knots, const py::a
 }
 
 // The core likelihood for (kind, param, n_gh, num_classes), validated (std::invalid_argument):
-// param is the likelihood's one parameter, the Gaussian's variance or a Bernoulli's label_noise
+// param is the likelihood's one parameter, the Gaussian's variance or a Bernoulli's or
+// robust-max's label_noise
 // (ignored by the others); num_classes is 0 for the likelihoods of a scalar latent function.
 inline likelihoods::Likelihood make_likelihood(int kind, double param, int n_gh, int num_classes) {
   likelihoods::Likelihood lik;
   lik.type = static_cast<likelihoods::LikelihoodType>(kind);
   if (lik.type == likelihoods::LikelihoodType::BernoulliProbit ||
-      lik.type == likelihoods::LikelihoodType::BernoulliLogit)
+      lik.type == likelihoods::LikelihoodType::BernoulliLogit ||
+      lik.type == likelihoods::LikelihoodType::RobustMax)
     lik.label_noise = param;
   else
     lik.variance = param;

@@ -5,7 +5,7 @@ namespace pygpfast::bind {
 namespace {
 
 // The marginal means or variances of n points: [n] for the likelihoods of one latent function,
-// [n, C] for the softmax (latent_dim C). n < 0 takes n from the array.
+// [n, C] for the multi-class ones (latent_dim C). n < 0 takes n from the array.
 const double* latent_array(const py::array& a, const char* name, const likelihoods::Likelihood& lik,
                            index_t n = -1) {
   const index_t D = likelihoods::latent_dim(lik);
@@ -60,9 +60,10 @@ void bind_likelihoods(py::module_& m) {
       py::arg("kind"), py::arg("param"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"), py::arg("mu"),
       py::arg("var"),
       "E[log p(y|f)] under f ~ N(mu, var) per point. kind: 0 Gaussian, 1 Bernoulli-probit, "
-      "2 Bernoulli-logit, 3 Poisson, 4 softmax (num_classes C >= 2, y in 0..C-1). mu, var: [N], "
-      "or [N, C] for the softmax. Returns (f [N], dmu, dvar (the shape of mu), dparam [N]); "
-      "dparam is the derivative in param: the Gaussian variance or a Bernoulli label-noise probability (0 for the others).");
+      "2 Bernoulli-logit, 3 Poisson, 4 softmax, 5 robust-max (num_classes C >= 2, y in 0..C-1; "
+      "robust-max: param is epsilon). mu, var: [N], or [N, C] for the multi-class ones. Returns (f [N], dmu, "
+      "dvar (the shape of mu), dparam [N]); dparam is the derivative in param: the Gaussian variance or a "
+      "Bernoulli's or robust-max's label-noise probability (0 for the others).");
 
   m.def(
       "check_labels",
@@ -90,7 +91,7 @@ void bind_likelihoods(py::module_& m) {
       },
       py::arg("kind"), py::arg("param"), py::arg("n_gh"), py::arg("num_classes"), py::arg("mu"), py::arg("var"),
       "Predictive mean and variance of y at f ~ N(mu, var). Returns (mean [N], var [N]); for the "
-      "softmax (mu, var [N, C]): (P(y = c) [N, C], P(y = c) (1 - P(y = c)) [N, C]).");
+      "multi-class ones (mu, var [N, C]): (P(y = c) [N, C], P(y = c) (1 - P(y = c)) [N, C]).");
 
   m.def(
       "predict_log_class_probabilities",
@@ -107,7 +108,7 @@ void bind_likelihoods(py::module_& m) {
         return out;
       },
       py::arg("kind"), py::arg("param"), py::arg("n_gh"), py::arg("num_classes"), py::arg("mu"), py::arg("var"),
-      "log P(y = c) = log E[softmax_c(f)] at f ~ N(mu, var) [N, C], in log space (softmax only).");
+      "log P(y = c) at f ~ N(mu, var) [N, C] (softmax: log E[softmax_c(f)] in log space; robust-max).");
 
   m.def(
       "predict_log_density",
@@ -128,7 +129,7 @@ void bind_likelihoods(py::module_& m) {
       py::arg("kind"), py::arg("param"), py::arg("n_gh"), py::arg("num_classes"), py::arg("y"), py::arg("mu"),
       py::arg("var"),
       "log of the predictive density of y at f ~ N(mu, var), per point [N] (mu, var: [N], or "
-      "[N, C] for the softmax).");
+      "[N, C] for the multi-class ones).");
 }
 
 }  // namespace pygpfast::bind

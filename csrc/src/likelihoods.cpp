@@ -274,6 +274,131 @@ double log_expected_density(const NormalQuadrature& q, double mu, double var,
   return max + std::log(sum);
 }
 
+// Robust-max (Hernandez-Lobato, Hernandez-Lobato & Dupont 2011): the label is the argmax of the
+// latent values with probability 1 - epsilon and any other class with epsilon / (C - 1), so
+//   E[log p(y | f)] = log(epsilon / (C - 1)) + A_y (log(1 - epsilon) - log(epsilon / (C - 1)))
+// with A_y = P(f_y > f_c for all c != y) under the independent marginals. A_y is one-dimensional:
+//   A_y = E_{f_y}[prod_{c != y} Phi((f_y - mu_c) / sd_c)],
+// taken by the n_gh-point Gauss-Hermite rule over f_y (GPflow's RobustMax uses the same rule).
+struct RobustMax {
+  int C;
+  double epsilon, log_right, log_wrong, right, wrong;
+
+  explicit RobustMax(const Likelihood& lik)
+      : C(lik.num_classes),
+        epsilon(lik.label_noise),
+        log_right(vmath::log1p(-lik.label_noise)),
+        log_wrong(std::log(lik.label_noise / (lik.num_classes - 1))),
+        right(1.0 - lik.label_noise),
+        wrong(lik.label_noise / (lik.num_classes - 1)) {}
+};
+
+// A_y by the rule: A = sum_k w_k Pi_k, Pi_k = prod_{c != y} Phi(z_kc), z_kc = (f_k - mu_c) / sd_c at
+// the nodes f_k = mu_y + sqrt(2 var_y) x_k. A class with var_c = 0 is a step at mu_c (1/2 on it).
+// scratch: [3 C]. With dmu, dvar [C] not null, also the exact derivatives of that sum: for c != y
+//   dA/dmu_c = -sum_k w_k Pi_k lambda_kc / sd_c,   dA/dvar_c = -sum_k w_k Pi_k lambda_kc z_kc / (2 var_c)
+// (lambda = phi / Phi, finite in both tails; Pi_k lambda_kc is 0, not 0 * inf, where the factors
+// underflow; a step, var_c = 0, contributes 0: its derivative is a point mass), dA/dmu_y =
+// -sum_{c != y} dA/dmu_c (A depends on the differences of the means only), and
+//   dA/dvar_y = sum_k w_k x_k Pi_k G_k / sqrt(2 var_y),   G_k = d log Pi / df = sum_c lambda_kc / sd_c,
+// or, where the nodes lie too close together for that x-weighted sum (var_y < kPriceVariance, or
+// node spacing below kPriceRelativeSpacing times the narrowest other class), Price's form
+// sum_k w_k Pi_k (G_k^2 + sum_c kappa_kc / var_c) / 2, kappa the curvature of log Phi.
+double argmax_probability(const NormalQuadrature& q, int C, int y, const double* mu, const double* var,
+                          double* scratch, double* dmu, double* dvar) {
+  double* sd = scratch;
+  double* z = scratch + C;
+  double* lambda = scratch + 2 * C;
+  const double scale = std::sqrt(2.0 * var[y]);
+  double narrowest = std::numeric_limits<double>::infinity();
+  for (int c = 0; c < C; ++c) {
+    sd[c] = std::sqrt(var[c]);
+    if (c != y && sd[c] > 0.0) narrowest = std::min(narrowest, sd[c]);
+  }
+  const bool grads = dmu != nullptr;
+  const bool price = var[y] < kPriceVariance || scale < kPriceRelativeSpacing * narrowest;
+  if (grads) {
+    std::fill(dmu, dmu + C, 0.0);
+    std::fill(dvar, dvar + C, 0.0);
+  }
+  double A = 0.0, g_y = 0.0;
+  for (int k = 0; k < q.size(); ++k) {
+    const double f = mu[y] + scale * q.x[k];
+    double log_pi = 0.0;
+    for (int c = 0; c < C; ++c) {
+      if (c == y) continue;
+      double log_cdf;
+      if (sd[c] > 0.0) {
+        z[c] = (f - mu[c]) / sd[c];
+        vmath::log_normal_cdf(z[c], log_cdf, lambda[c]);
+      } else {
+        const double a = f - mu[c];
+        log_cdf = a > 0.0 ? 0.0 : a == 0.0 ? -std::log(2.0) : -std::numeric_limits<double>::infinity();
+        lambda[c] = 0.0;
+      }
+      log_pi += log_cdf;
+    }
+    const double pi = std::exp(log_pi);
+    A += q.w[k] * pi;
+    if (!grads || pi == 0.0) continue;
+    double G = 0.0, curvature = 0.0;
+    for (int c = 0; c < C; ++c) {
+      if (c == y || lambda[c] == 0.0) continue;
+      const double t = q.w[k] * pi * lambda[c];
+      dmu[c] -= t / sd[c];
+      dvar[c] -= 0.5 * (t * z[c] / sd[c]) / sd[c];
+      G += lambda[c] / sd[c];
+      if (price) curvature += log_normal_cdf_curvature(z[c], lambda[c]) / var[c];
+    }
+    g_y += q.w[k] * pi * (price ? G * G + curvature : q.x[k] * G);
+  }
+  if (grads) {
+    double sum = 0.0;
+    for (int c = 0; c < C; ++c) sum += c == y ? 0.0 : dmu[c];
+    dmu[y] = -sum;
+    dvar[y] = price ? 0.5 * g_y : g_y / scale;
+  }
+  return A;
+}
+
+void robustmax_expectations(const Likelihood& lik, const double* y, const double* mu, const double* var,
+                            index_t n, double* value, double* dmu, double* dvar, double* dparam) {
+  const NormalQuadrature q(lik.n_gh);
+  const RobustMax rm(lik);
+  const index_t C = rm.C;
+  for_each_point(n, q.size() * C, [&](index_t i) {
+    std::vector<double> scratch(static_cast<std::size_t>(3 * C));
+    const double A = argmax_probability(q, rm.C, static_cast<int>(y[i]), mu + i * C, var + i * C,
+                                        scratch.data(), dmu + i * C, dvar + i * C);
+    const double delta = rm.log_right - rm.log_wrong;
+    value[i] = rm.log_wrong + delta * A;
+    for (index_t c = 0; c < C; ++c) {
+      dmu[i * C + c] *= delta;
+      dvar[i * C + c] *= delta;
+    }
+    if (dparam != nullptr) dparam[i] = (1.0 - A) / rm.epsilon - A / rm.right;
+  });
+}
+
+// Class probabilities P(y = c) = wrong + (right - wrong) A_c [n, C], with the quadrature's A_c
+// rescaled to sum to 1 over the classes (they do exactly, the rule to its error).
+void robustmax_probabilities(const Likelihood& lik, const double* mu, const double* var, index_t n,
+                             double* out) {
+  const NormalQuadrature q(lik.n_gh);
+  const RobustMax rm(lik);
+  const index_t C = rm.C;
+  for_each_point(n, q.size() * C * C, [&](index_t i) {
+    std::vector<double> scratch(static_cast<std::size_t>(3 * C));
+    double* p = out + i * C;
+    double sum = 0.0;
+    for (int c = 0; c < rm.C; ++c) {
+      p[c] = argmax_probability(q, rm.C, c, mu + i * C, var + i * C, scratch.data(), nullptr, nullptr);
+      sum += p[c];
+    }
+    for (index_t c = 0; c < C; ++c) p[c] = rm.wrong + (rm.right - rm.wrong) * (p[c] / sum);
+  });
+}
+
 const char* name_of(LikelihoodType type) {
   switch (type) {
     case LikelihoodType::Gaussian:
@@ -286,12 +411,18 @@ const char* name_of(LikelihoodType type) {
       return "Poisson";
     case LikelihoodType::Softmax:
       return "softmax";
+    case LikelihoodType::RobustMax:
+      return "robust-max";
   }
   return "unknown";
 }
 
 bool is_bernoulli(LikelihoodType type) {
   return type == LikelihoodType::BernoulliProbit || type == LikelihoodType::BernoulliLogit;
+}
+
+bool is_multiclass(LikelihoodType type) {
+  return type == LikelihoodType::Softmax || type == LikelihoodType::RobustMax;
 }
 
 // The name of entry k of an [n, D] array: "x[i]" when D = 1, "x[i, c]" otherwise.
@@ -317,20 +448,26 @@ void check_marginals(const double* mu, const double* var, index_t count, index_t
 void validate(const Likelihood& lik) {
   const int code = static_cast<int>(lik.type);
   require(code >= static_cast<int>(LikelihoodType::Gaussian) &&
-              code <= static_cast<int>(LikelihoodType::Softmax),
+              code <= static_cast<int>(LikelihoodType::RobustMax),
           "unknown likelihood type ", code,
-          " (0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson, 4 softmax)");
+          " (0 Gaussian, 1 Bernoulli-probit, 2 Bernoulli-logit, 3 Poisson, 4 softmax, 5 robust-max)");
   require(lik.type != LikelihoodType::Gaussian || (lik.variance > 0.0 && std::isfinite(lik.variance)),
           "the Gaussian likelihood variance must be positive and finite, got ", lik.variance);
-  require(lik.label_noise >= 0.0 && lik.label_noise < 0.5 && (lik.label_noise == 0.0 || is_bernoulli(lik.type)),
-          "the label-noise probability must be in [0, 0.5), and 0 for the ", name_of(lik.type),
-          " likelihood; got ", lik.label_noise);
-  if (lik.type == LikelihoodType::Softmax)
-    require(lik.num_classes >= 2, "the softmax likelihood needs num_classes >= 2, got ", lik.num_classes);
+  if (is_multiclass(lik.type))
+    require(lik.num_classes >= 2, "the ", name_of(lik.type), " likelihood needs num_classes >= 2, got ",
+            lik.num_classes);
   else
     require(lik.num_classes == 0,
             "the ", name_of(lik.type), " likelihood has one latent function: num_classes must be 0, got ",
             lik.num_classes);
+  if (lik.type == LikelihoodType::RobustMax)
+    require(lik.label_noise > 0.0 && lik.label_noise < 1.0 - 1.0 / lik.num_classes,
+            "the robust-max label-noise probability must be in (0, 1 - 1/C) = (0, ",
+            1.0 - 1.0 / lik.num_classes, "), got ", lik.label_noise);
+  else
+    require(lik.label_noise >= 0.0 && lik.label_noise < 0.5 && (lik.label_noise == 0.0 || is_bernoulli(lik.type)),
+            "the label-noise probability must be in [0, 0.5), and 0 for the ", name_of(lik.type),
+            " likelihood; got ", lik.label_noise);
   require(lik.n_gh >= 1 && lik.n_gh <= quadrature::kMaxGaussHermitePoints,
           "n_gh (Gauss-Hermite points) must be between 1 and ", quadrature::kMaxGaussHermitePoints, ", got ",
           lik.n_gh);
@@ -355,6 +492,7 @@ void check_labels(const Likelihood& lik, const double* y, index_t n) {
         support = "finite and >= 0";
         break;
       case LikelihoodType::Softmax:
+      case LikelihoodType::RobustMax:
         ok = y[i] >= 0.0 && y[i] < lik.num_classes && y[i] == std::floor(y[i]);
         support = "class indices 0, 1, ..., num_classes - 1";
         break;
@@ -410,6 +548,9 @@ void variational_expectations(const Likelihood& lik, const double* y, const doub
       return;
     case LikelihoodType::Softmax:
       softmax::variational_expectations(lik.num_classes, lik.n_gh, y, mu, var, n, f, dmu, dvar);
+      return;
+    case LikelihoodType::RobustMax:
+      robustmax_expectations(lik, y, mu, var, n, f, dmu, dvar, dparam);
       return;
   }
 }
@@ -481,14 +622,25 @@ void predict_mean_and_var(const Likelihood& lik, const double* mu, const double*
       }
       return;
     }
+    case LikelihoodType::RobustMax: {
+      robustmax_probabilities(lik, mu, var, n, mean);
+      for (index_t k = 0; k < n * lik.num_classes; ++k) variance[k] = mean[k] * (1.0 - mean[k]);
+      return;
+    }
   }
 }
 
 void predict_log_class_probabilities(const Likelihood& lik, const double* mu, const double* var, index_t n,
                                      double* out) {
   validate(lik);
-  require(lik.type == LikelihoodType::Softmax, "log class probabilities are defined for the softmax likelihood");
+  require(is_multiclass(lik.type),
+          "log class probabilities are defined for the multi-class likelihoods (softmax, robust-max)");
   check_marginals(mu, var, n * lik.num_classes, lik.num_classes);
+  if (lik.type == LikelihoodType::RobustMax) {
+    robustmax_probabilities(lik, mu, var, n, out);
+    for (index_t k = 0; k < n * lik.num_classes; ++k) out[k] = std::log(out[k]);
+    return;
+  }
   softmax::log_class_probabilities(lik.num_classes, lik.n_gh, mu, var, n, out, softmax::Tails::All);
 }
 
@@ -536,6 +688,13 @@ void predict_log_density(const Likelihood& lik, const double* y, const double* m
       softmax::log_class_probabilities(lik.num_classes, lik.n_gh, mu, var, n, log_prob.data(),
                                        softmax::Tails::Label, y);
       for (index_t i = 0; i < n; ++i) out[i] = log_prob[i * C + static_cast<index_t>(y[i])];
+      return;
+    }
+    case LikelihoodType::RobustMax: {
+      const index_t C = lik.num_classes;
+      std::vector<double> prob(static_cast<std::size_t>(n * C));
+      robustmax_probabilities(lik, mu, var, n, prob.data());
+      for (index_t i = 0; i < n; ++i) out[i] = std::log(prob[i * C + static_cast<index_t>(y[i])]);
       return;
     }
   }

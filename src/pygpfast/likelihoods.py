@@ -10,7 +10,8 @@ point n with marginal q(f_n) = N(mu_n, var_n)::
     value_n = E_{q(f_n)}[log p(y_n | f_n)]
 
 with its derivatives in mu_n and var_n. Most likelihoods have one latent function per point
-(mu, var [N]); :class:`Softmax` has C of them with independent marginals (mu, var [N, C]).
+(mu, var [N]); :class:`Softmax` and :class:`RobustMax` have C of them with independent marginals
+(mu, var [N, C]).
 Parameters are positive; ``theta`` holds their logs (the unconstrained coordinates that
 optimisers use).
 """
@@ -23,10 +24,10 @@ from . import _core
 from . import priors as _priors
 from ._validation import as_matrix, as_vector
 
-__all__ = ["Likelihood", "Gaussian", "Bernoulli", "Poisson", "Softmax"]
+__all__ = ["Likelihood", "Gaussian", "Bernoulli", "Poisson", "Softmax", "RobustMax"]
 
 # Codes of pygpfast::likelihoods::LikelihoodType (csrc/include/pygpfast/likelihoods.hpp).
-_GAUSSIAN, _BERNOULLI_PROBIT, _BERNOULLI_LOGIT, _POISSON, _SOFTMAX = 0, 1, 2, 3, 4
+_GAUSSIAN, _BERNOULLI_PROBIT, _BERNOULLI_LOGIT, _POISSON, _SOFTMAX, _ROBUST_MAX = 0, 1, 2, 3, 4, 5
 _LINKS = {"probit": _BERNOULLI_PROBIT, "logit": _BERNOULLI_LOGIT}
 _MAX_GH_POINTS = 100
 
@@ -83,7 +84,7 @@ class Likelihood:
 
     @property
     def n_latent(self):
-        """Number of latent functions per point (int): 1 here, C for :class:`Softmax`."""
+        """Number of latent functions per point (int): 1 here, C for the multi-class likelihoods."""
         return 1
 
     def _core_args(self):
@@ -211,7 +212,8 @@ class Likelihood:
         Returns
         -------
         mean, variance : ndarray, the shape of ``mu``
-            For :class:`Softmax`, the class probabilities P(y = c) and P(y = c)(1 - P(y = c)).
+            For the multi-class likelihoods, the class probabilities P(y = c) and
+            P(y = c)(1 - P(y = c)).
         """
         mu, var = self._points(mu, var)
         return _core.likelihoods.predict_mean_and_var(*self._core_args(), mu, var)
@@ -340,12 +342,72 @@ class Poisson(Likelihood):
         return {"n_gh": self.n_gh}
 
 
-class Softmax(Likelihood):
+class _MultiClass(Likelihood):
+    """Labels y in {0, ..., C - 1} with one latent function per class (``n_latent = n_classes``);
+    the marginals of the C latent values of a point are independent, ``f_c ~ N(mu_c, var_c)``
+    (as for C latent GPs with independent q(u_c) sharing inducing inputs)."""
+
+    def __init__(self, n_classes, n_gh=20):
+        if (
+            not isinstance(n_classes, numbers.Integral)
+            or isinstance(n_classes, bool)
+            or n_classes < 2
+        ):
+            raise ValueError(f"n_classes must be an int >= 2, got {n_classes!r}")
+        self.n_classes = int(n_classes)
+        self.n_gh = _check_n_gh(n_gh)
+
+    @property
+    def n_latent(self):
+        """Number of latent functions per point: ``n_classes``."""
+        return self.n_classes
+
+    def _points(self, mu, var, y=None):
+        shape = f"[N, {self.n_classes}] (one column per class)"
+        mu = as_matrix(mu, "mu")
+        if mu.shape[1] != self.n_classes:
+            raise ValueError(f"mu must have shape {shape}, got {mu.shape}")
+        var = as_matrix(var, "var")
+        if var.shape != mu.shape:
+            raise ValueError(f"var must have the shape of mu, {mu.shape}, got {var.shape}")
+        if y is None:
+            return mu, var
+        return as_vector(y, "y", size=mu.shape[0]), mu, var
+
+    def predict_proba(self, mu, var):
+        """Class probabilities ``P(y = c)`` [N, C]; rows sum to 1.
+
+        Parameters
+        ----------
+        mu, var : array_like [N, C]
+            Means and variances (>= 0) of the latent functions' marginals.
+
+        Returns
+        -------
+        proba : ndarray [N, C]
+        """
+        return self.predict_mean_and_var(mu, var)[0]
+
+    def predict_log_proba(self, mu, var):
+        """``log P(y = c)`` [N, C].
+
+        Parameters
+        ----------
+        mu, var : array_like [N, C]
+            Means and variances (>= 0) of the latent functions' marginals.
+
+        Returns
+        -------
+        log_proba : ndarray [N, C]
+        """
+        mu, var = self._points(mu, var)
+        return _core.likelihoods.predict_log_class_probabilities(*self._core_args(), mu, var)
+
+class Softmax(_MultiClass):
     """Multi-class labels y in {0, ..., C - 1}, ``p(y = c | f) = exp(f_c) / sum_d exp(f_d)``.
 
-    One latent function per class (``n_latent = n_classes``); the marginals of the C
-    latent values of a point are independent, ``f_c ~ N(mu_c, var_c)`` (as for C latent GPs with
-    independent q(u_c) sharing inducing inputs). No parameters.
+    One latent function per class (``n_latent = n_classes``), with independent marginals
+    ``f_c ~ N(mu_c, var_c)``. No parameters.
 
     The C-dimensional expectation ``E[log softmax_y(f)] = mu_y - E[log sum_c exp(f_c)]`` is
     reduced to one-dimensional ones by Frullani's integral
@@ -384,49 +446,8 @@ class Softmax(Likelihood):
         Gauss-Hermite points per class (1 to 100).
     """
 
-    def __init__(self, n_classes, n_gh=20):
-        if (
-            not isinstance(n_classes, numbers.Integral)
-            or isinstance(n_classes, bool)
-            or n_classes < 2
-        ):
-            raise ValueError(f"n_classes must be an int >= 2, got {n_classes!r}")
-        self.n_classes = int(n_classes)
-        self.n_gh = _check_n_gh(n_gh)
-
-    @property
-    def n_latent(self):
-        """Number of latent functions per point: ``n_classes``."""
-        return self.n_classes
-
     def _core_args(self):
         return (_SOFTMAX, 1.0, self.n_gh, self.n_classes)
-
-    def _points(self, mu, var, y=None):
-        shape = f"[N, {self.n_classes}] (one column per class)"
-        mu = as_matrix(mu, "mu")
-        if mu.shape[1] != self.n_classes:
-            raise ValueError(f"mu must have shape {shape}, got {mu.shape}")
-        var = as_matrix(var, "var")
-        if var.shape != mu.shape:
-            raise ValueError(f"var must have the shape of mu, {mu.shape}, got {var.shape}")
-        if y is None:
-            return mu, var
-        return as_vector(y, "y", size=mu.shape[0]), mu, var
-
-    def predict_proba(self, mu, var):
-        """Class probabilities ``P(y = c) = E[softmax_c(f)]`` [N, C]; rows sum to 1.
-
-        Parameters
-        ----------
-        mu, var : array_like [N, C]
-            Means and variances (>= 0) of the latent functions' marginals.
-
-        Returns
-        -------
-        proba : ndarray [N, C]
-        """
-        return self.predict_mean_and_var(mu, var)[0]
 
     def predict_log_proba(self, mu, var):
         """``log P(y = c)`` [N, C], computed in log space: finite however far class c lies
@@ -444,8 +465,61 @@ class Softmax(Likelihood):
         -------
         log_proba : ndarray [N, C]
         """
-        mu, var = self._points(mu, var)
-        return _core.likelihoods.predict_log_class_probabilities(*self._core_args(), mu, var)
+        return super().predict_log_proba(mu, var)
 
     def _repr_args(self):
         return {"n_classes": self.n_classes, "n_gh": self.n_gh}
+
+
+class RobustMax(_MultiClass):
+    """Multi-class labels y in {0, ..., C - 1} by the robust max (Hernandez-Lobato,
+    Hernandez-Lobato & Dupont 2011, "Robust multi-class Gaussian process classification"): the
+    label is the class of the largest latent value with probability ``1 - epsilon``, and any
+    other class with ``epsilon / (C - 1)``::
+
+        p(y | f) = 1 - epsilon          if y = argmax_c f_c
+                   epsilon / (C - 1)    otherwise.
+
+    One latent function per class; the marginals of a point's C latent values are independent,
+    ``f_c ~ N(mu_c, var_c)`` (as for C latent GPs with independent q(u_c) sharing inducing
+    inputs). The expected log-likelihood is ``log(epsilon / (C - 1)) + A_y (log(1 - epsilon) -
+    log(epsilon / (C - 1)))`` with ``A_y = P(f_y > f_c for all c != y)``, a one-dimensional
+    integral over f_y of ``prod_{c != y} Phi((f_y - mu_c) / sqrt(var_c))``, taken by ``n_gh``-point
+    Gauss-Hermite quadrature (GPflow's ``RobustMax`` takes it the same way); the derivatives are
+    exact for that sum. A point's cost is about ``n_gh (C - 1)`` evaluations of ``log Phi``, far
+    below the softmax's. The quadrature resolves the product of Phi's as long as the other
+    classes' standard deviations are not much narrower than the node spacing ``sqrt(2 var_y)``;
+    the error grows as they shrink below it (a class with ``var_c = 0`` is a step).
+
+    Predictive probabilities are ``P(y = c) = epsilon / (C - 1) + (1 - epsilon - epsilon / (C -
+    1)) A_c`` with the A_c rescaled to sum to 1 (their quadrature error, which the rescaling
+    spreads over the classes); they lie in ``[epsilon / (C - 1), 1 - epsilon]``, so a confident
+    mistake costs at most ``log((C - 1) / epsilon)`` nats. epsilon is fixed, not learned.
+
+    Parameters
+    ----------
+    n_classes : int
+        Number of classes C (at least 2).
+    epsilon : float, default 1e-3
+        Probability of a label other than the latent argmax, in ``(0, 1 - 1/C)`` (GPflow's
+        default is 1e-3).
+    n_gh : int, default 20
+        Gauss-Hermite points over the label's latent value (1 to 100).
+    """
+
+    def __init__(self, n_classes, epsilon=1e-3, n_gh=20):
+        super().__init__(n_classes, n_gh)
+        if (
+            not isinstance(epsilon, numbers.Real)
+            or isinstance(epsilon, bool)
+            or not 0.0 < epsilon < 1.0 - 1.0 / self.n_classes
+        ):
+            raise ValueError(f"epsilon must be a number in (0, 1 - 1/C) = (0, {1.0 - 1.0 / self.n_classes:g}) "
+                             f"for C = {self.n_classes} classes, got {epsilon!r}")
+        self.epsilon = float(epsilon)
+
+    def _core_args(self):
+        return (_ROBUST_MAX, self.epsilon, self.n_gh, self.n_classes)
+
+    def _repr_args(self):
+        return {"n_classes": self.n_classes, "epsilon": self.epsilon, "n_gh": self.n_gh}

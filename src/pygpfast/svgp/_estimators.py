@@ -723,22 +723,29 @@ _ATTRIBUTES = _docs.ATTRIBUTES + """    model_ : SVGP
 
 class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
     _parameter_constraints = {**_SVGPEstimator._parameter_constraints,
-                              "likelihood": (Options(None, "probit", "logit", "softmax"),),
-                              "label_noise": (Interval(float, 0.0, 0.5, closed="left"),)}
+                              "likelihood": (Options(None, "probit", "logit", "softmax", "robustmax"),),
+                              "label_noise": (Options("auto"), Interval(float, 0.0, 0.5, closed="left"))}
     __doc__ = (
         """Gaussian-process classifier with a sparse variational posterior (SVGP), binary or
     multi-class, for labels of any type. The fit maximises the ELBO plus the log prior of the
     hyperparameters (``objective_``; the ELBO alone with ``priors=None``).
-""" + _PARAMETERS + """    likelihood : {None, 'probit', 'logit', 'softmax'}, default None
+""" + _PARAMETERS + """    likelihood : {None, 'probit', 'logit', 'softmax', 'robustmax'}, default None
         'probit', 'logit': Bernoulli with that link, one latent function (two classes only).
-        'softmax': C latent functions sharing Z and the kernel (any C >= 2). None: 'probit'
+        'softmax': C latent functions sharing Z and the kernel (any C >= 2). 'robustmax': C
+        latent functions likewise, the label the argmax of the latent values with probability
+        1 - epsilon and each other class with epsilon / (C - 1) (Hernandez-Lobato et al. 2011;
+        :class:`pygpfast.likelihoods.RobustMax`; epsilon is ``label_noise``). None: 'probit'
         for two classes, 'softmax' for more.
-    label_noise : float, default 0.0
-        epsilon in [0, 0.5), two classes only: each label is taken to be drawn at random with
-        probability 2 epsilon, ``p(y | f) = epsilon + (1 - 2 epsilon) p0(y | f)`` with p0 the
-        link's (Kim & Ghahramani 2008; :class:`pygpfast.likelihoods.Bernoulli`). It bounds the
-        cost of a mislabelled point by ``-log epsilon`` and the predicted probabilities to
-        [epsilon, 1 - epsilon]. 0: the plain link. Fixed, not learned; method='kl' only.
+    label_noise : float or 'auto', default 'auto'
+        epsilon, the probability of a label against the latent functions' verdict; fixed, not
+        learned; method='kl' only. With a Bernoulli likelihood, epsilon in [0, 0.5): each label
+        is taken to be drawn at random with probability 2 epsilon, ``p(y | f) = epsilon + (1 -
+        2 epsilon) p0(y | f)`` with p0 the link's (Kim & Ghahramani 2008;
+        :class:`pygpfast.likelihoods.Bernoulli`); 0 is the plain link. With 'robustmax',
+        epsilon in (0, 0.5). Either way it bounds the cost of a mislabelled point (by ``-log
+        epsilon``, ``log((C - 1) / epsilon)`` for robust-max). The softmax takes none (0).
+        'auto': 0 for the Bernoulli likelihoods and the softmax, 1e-3 for 'robustmax'
+        (GPflow's default).
 
     Attributes
     ----------
@@ -747,7 +754,7 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
         method='mf' only: the locations of the truncated Gaussians q(g_n) (section 3.1, eq. 11).
 """ + _docs.NOTES)
 
-    def __init__(self, kernel=None, *, likelihood=None, label_noise=0.0, n_inducing=100,
+    def __init__(self, kernel=None, *, likelihood=None, label_noise="auto", n_inducing=100,
                  inducing_points=None, method="kl", whiten=True, optimizer="auto", batch_size="auto", learning_rate="auto",
                  natgrad_step="auto", max_iter=None, tol=1e-6, n_iter_no_change=5,
                  train_inducing=True, optimize_hyperparameters=True, priors="default", jitter=1e-6,
@@ -781,7 +788,7 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
         return tags
 
     def _is_probit(self):
-        return self.likelihood in (None, "probit") and self.label_noise == 0.0
+        return self.likelihood in (None, "probit") and self.label_noise in ("auto", 0.0)
 
     def _make_likelihood(self):
         name, C = self.likelihood, len(self.classes_)
@@ -789,14 +796,19 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
             # (scikit-learn's wording, which its check for binary-only classifiers looks for)
             raise ValueError(
                 f"Only binary classification is supported by likelihood={name!r}; y has {C} "
-                "classes: use likelihood=None or 'softmax'")
+                "classes: use likelihood=None, 'softmax' or 'robustmax'")
+        if name == "robustmax":
+            if self.label_noise == 0.0:
+                raise ValueError("likelihood='robustmax' needs label_noise > 0 (its epsilon; 'auto': 1e-3)")
+            return _likelihoods.RobustMax(C, epsilon=1e-3 if self.label_noise == "auto" else float(self.label_noise))
         if name == "softmax" or (name is None and C > 2):
-            if self.label_noise:
+            if self.label_noise not in ("auto", 0.0):
                 raise ValueError(
-                    f"label_noise={self.label_noise!r} needs two classes and a Bernoulli likelihood; "
-                    f"y has {C} classes (the softmax takes no label noise): use label_noise=0.0")
+                    f"label_noise={self.label_noise!r} needs a Bernoulli likelihood (two classes) or "
+                    f"'robustmax'; the softmax takes no label noise: use label_noise='auto' or 0.0")
             return _likelihoods.Softmax(C)
-        return _likelihoods.Bernoulli(link=name or "probit", label_noise=float(self.label_noise))
+        return _likelihoods.Bernoulli(link=name or "probit",
+                                      label_noise=0.0 if self.label_noise == "auto" else float(self.label_noise))
 
     def _encode_targets(self, y, first_call, classes=None):
         check_classification_targets(y)
@@ -822,7 +834,7 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
 
     def predict_latent(self, X):
         """Mean and variance of the latent functions at X [T, D]: [T] each for two classes
-        with a Bernoulli likelihood, [T, C] with the softmax."""
+        with a Bernoulli likelihood, [T, C] with the softmax or robust-max."""
         return self._latent(X)
 
     def _of_latent(self, X, per_block):

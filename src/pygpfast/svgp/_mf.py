@@ -246,8 +246,8 @@ def check_estimator_params(estimator):
     if not estimator._is_probit():
         what = "SVGPRegressor"
         if is_classifier(estimator):
-            what = (f"label_noise={estimator.label_noise!r}" if estimator.label_noise
-                    else f"likelihood={estimator.likelihood!r}")
+            what = (f"likelihood={estimator.likelihood!r}" if estimator.label_noise in ("auto", 0.0)
+                    else f"label_noise={estimator.label_noise!r}")
         raise ValueError(
             "method='mf' (Hensman, Matthews & Ghahramani 2015 section 3.1) rests on the probit augmentation of eq. (9); "
             f"it needs SVGPClassifier with the plain probit likelihood, not {what}. Use method='kl'."
