@@ -172,13 +172,15 @@ std::vector<double> per_dimension(const double* values, index_t k, index_t D) {
 
 // ---- stationary kernels: k = variance * f(r^2), r^2 = sum_d (x_d - x2_d)^2 / l_d^2 ----
 
-// f and df/d(r^2) of each stationary kernel, inlined into the elementwise loops below.
+// f and df/d(r^2) of each stationary kernel, forced inline into the elementwise loops below: a
+// call would keep a loop from vectorising, and whether the inliner took it decided the order of
+// the vjp row's sums (`omp simd reduction`), so an unrelated change moved the kernel gradients.
 template <KernelType T>
 struct Profile;
 
 template <>
 struct Profile<KernelType::RBF> {
-  static void value_and_slope(double r2, double& f, double& df) {
+  [[gnu::always_inline]] static void value_and_slope(double r2, double& f, double& df) {
     f = vmath::exp(-0.5 * r2);
     df = -0.5 * f;
   }
@@ -189,7 +191,7 @@ struct Profile<KernelType::Matern12> {
   // df/dr^2 = -f / (2r) is unbounded at r = 0, where the kernel has a cusp. There its
   // product with every d(r^2)/dtheta (which vanishes like r^2) tends to 0, so 0 is the
   // right value for the parameter gradients and the symmetric subgradient for X.
-  static void value_and_slope(double r2, double& f, double& df) {
+  [[gnu::always_inline]] static void value_and_slope(double r2, double& f, double& df) {
     const double r = std::sqrt(r2);
     f = vmath::exp(-r);
     df = r > 0.0 ? -0.5 * f / r : 0.0;
@@ -198,7 +200,7 @@ struct Profile<KernelType::Matern12> {
 
 template <>
 struct Profile<KernelType::Matern32> {
-  static void value_and_slope(double r2, double& f, double& df) {
+  [[gnu::always_inline]] static void value_and_slope(double r2, double& f, double& df) {
     constexpr double kSqrt3 = 1.7320508075688772;
     const double r = std::sqrt(r2), e = vmath::exp(-kSqrt3 * r);
     f = e > 0.0 ? (1.0 + kSqrt3 * r) * e : 0.0;  // (not inf * 0 at r = inf)
@@ -208,7 +210,7 @@ struct Profile<KernelType::Matern32> {
 
 template <>
 struct Profile<KernelType::Matern52> {
-  static void value_and_slope(double r2, double& f, double& df) {
+  [[gnu::always_inline]] static void value_and_slope(double r2, double& f, double& df) {
     constexpr double kSqrt5 = 2.23606797749979;
     const double r = std::sqrt(r2), e = vmath::exp(-kSqrt5 * r);
     f = e > 0.0 ? (1.0 + kSqrt5 * r + (5.0 / 3.0) * r2) * e : 0.0;  // (not inf * 0 at r = inf)
