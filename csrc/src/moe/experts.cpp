@@ -537,7 +537,8 @@ void predict_blocks(const KernelSpec& spec, const Start& fitted, ConstMatrixView
   factor_offsets(offsets, blocks, foffs.data());
   for (index_t i = 0; i < offsets[blocks]; ++i) {
     require(std::isfinite(alpha[i]), "moe: alpha has a non-finite value at ", i);
-    require(gaussian || (std::isfinite(W[i]) && W[i] >= 0.0), "moe: W must be >= 0 and finite, got W[", i, "] = ", W[i]);
+    if (!gaussian)  // (W is null for a Gaussian likelihood: not even the message may name W[i])
+      require(std::isfinite(W[i]) && W[i] >= 0.0, "moe: W must be >= 0 and finite, got W[", i, "] = ", W[i]);
   }
   if (T == 0) return;
   likelihoods::Likelihood logit;
