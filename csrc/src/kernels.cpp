@@ -6,7 +6,6 @@
 #include <memory>
 #include <ostream>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,41 +31,22 @@ constexpr index_t kMinEntriesPerThread = 16384;
 constexpr int kMaxDepth = 1000;
 
 // Calls body(i, end) for every row i of an [n, m] matrix, where end = m, or end = i + 1
-// (the row's part of the lower triangle) when `lower`. Rows are independent, so results do
-// not depend on the thread count. The triangular loop pairs row p with row n-1-p so that
-// every iteration does the same work under a static schedule. An exception cannot leave an
-// OpenMP region, so the body is required to be noexcept at compile time.
+// (the row's part of the lower triangle) when `lower`, on threads when each gets at least
+// kMinEntriesPerThread entries (parallel_for). Rows are independent, so results do not depend
+// on the thread count. The triangular loop pairs row p with row n-1-p so that every item does
+// the same work (n + 1 entries) under parallel_for's even split.
 template <class Body>
 void for_each_row(index_t n, index_t m, bool lower, const Body& body) {
-  static_assert(std::is_nothrow_invocable_v<const Body&, index_t, index_t>,
-                "row bodies run inside OpenMP regions and must be noexcept");
-  const index_t entries = n * (lower ? (n + 1) / 2 : m);
-  [[maybe_unused]] const int threads = threads_for(entries, kMinEntriesPerThread);
   if (!lower) {
-    if (threads == 1) {  // (no OpenMP region: see parallel_for)
-      for (index_t i = 0; i < n; ++i) body(i, m);
-      return;
-    }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads)
-#endif
-    for (index_t i = 0; i < n; ++i) body(i, m);
+    parallel_for(n, std::max<index_t>(1, kMinEntriesPerThread / std::max<index_t>(m, 1)),
+                 [&](index_t i) { body(i, m); });
     return;
   }
-  const index_t pairs = (n + 1) / 2;
-  auto pair = [&](index_t p) {
+  parallel_for((n + 1) / 2, std::max<index_t>(1, kMinEntriesPerThread / (n + 1)), [&](index_t p) {
     body(p, p + 1);
     const index_t q = n - 1 - p;
     if (q != p) body(q, q + 1);
-  };
-  if (threads == 1) {
-    for (index_t p = 0; p < pairs; ++p) pair(p);
-    return;
-  }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads)
-#endif
-  for (index_t p = 0; p < pairs; ++p) pair(p);
+  });
 }
 
 // Sum of per-row partial sums in a fixed order (the same result for any thread count).
@@ -107,7 +87,7 @@ Matrix scale_columns(ConstMatrixView X, const std::vector<double>& shift,
                      const std::vector<double>& scale) {
   Matrix out(X.rows, X.cols);
   const MatrixView o = out.view();
-  for_each_row(X.rows, X.cols, false, [&](index_t i, index_t cols) noexcept {
+  for_each_row(X.rows, X.cols, false, [&](index_t i, index_t cols) {
     for (index_t d = 0; d < cols; ++d) o(i, d) = (X(i, d) - shift[d]) * scale[d];
   });
   return out;
@@ -138,7 +118,7 @@ void squared_distances_row(const double* a, ConstMatrixView bT, index_t n, doubl
 
 std::vector<double> row_squared_norms(ConstMatrixView A) {
   std::vector<double> out(static_cast<std::size_t>(A.rows));
-  for_each_row(A.rows, A.cols, false, [&](index_t i, index_t cols) noexcept {
+  for_each_row(A.rows, A.cols, false, [&](index_t i, index_t cols) {
     double s = 0.0;
     for (index_t d = 0; d < cols; ++d) s += A(i, d) * A(i, d);
     out[i] = s;
@@ -192,13 +172,15 @@ std::vector<double> per_dimension(const double* values, index_t k, index_t D) {
 
 // ---- stationary kernels: k = variance * f(r^2), r^2 = sum_d (x_d - x2_d)^2 / l_d^2 ----
 
-// f and df/d(r^2) of each stationary kernel, inlined into the elementwise loops below.
+// f and df/d(r^2) of each stationary kernel, forced inline into the elementwise loops below: a
+// call would keep a loop from vectorising, and whether the inliner took it decided the order of
+// the vjp row's sums (`omp simd reduction`), so an unrelated change moved the kernel gradients.
 template <KernelType T>
 struct Profile;
 
 template <>
 struct Profile<KernelType::RBF> {
-  static void value_and_slope(double r2, double& f, double& df) {
+  [[gnu::always_inline]] static void value_and_slope(double r2, double& f, double& df) {
     f = vmath::exp(-0.5 * r2);
     df = -0.5 * f;
   }
@@ -209,7 +191,7 @@ struct Profile<KernelType::Matern12> {
   // df/dr^2 = -f / (2r) is unbounded at r = 0, where the kernel has a cusp. There its
   // product with every d(r^2)/dtheta (which vanishes like r^2) tends to 0, so 0 is the
   // right value for the parameter gradients and the symmetric subgradient for X.
-  static void value_and_slope(double r2, double& f, double& df) {
+  [[gnu::always_inline]] static void value_and_slope(double r2, double& f, double& df) {
     const double r = std::sqrt(r2);
     f = vmath::exp(-r);
     df = r > 0.0 ? -0.5 * f / r : 0.0;
@@ -218,7 +200,7 @@ struct Profile<KernelType::Matern12> {
 
 template <>
 struct Profile<KernelType::Matern32> {
-  static void value_and_slope(double r2, double& f, double& df) {
+  [[gnu::always_inline]] static void value_and_slope(double r2, double& f, double& df) {
     constexpr double kSqrt3 = 1.7320508075688772;
     const double r = std::sqrt(r2), e = vmath::exp(-kSqrt3 * r);
     f = e > 0.0 ? (1.0 + kSqrt3 * r) * e : 0.0;  // (not inf * 0 at r = inf)
@@ -228,7 +210,7 @@ struct Profile<KernelType::Matern32> {
 
 template <>
 struct Profile<KernelType::Matern52> {
-  static void value_and_slope(double r2, double& f, double& df) {
+  [[gnu::always_inline]] static void value_and_slope(double r2, double& f, double& df) {
     constexpr double kSqrt5 = 2.23606797749979;
     const double r = std::sqrt(r2), e = vmath::exp(-kSqrt5 * r);
     f = e > 0.0 ? (1.0 + kSqrt5 * r + (5.0 / 3.0) * r2) * e : 0.0;  // (not inf * 0 at r = inf)
@@ -366,7 +348,7 @@ class Stationary final : public Node {
     const ScaledPair s(in, inv_lengthscale_);
     if (s.expansion_inexact()) return K_direct(s, in.same, out);
     cross_product(s.a, s.b, in.same, -2.0, out);
-    for_each_row(out.rows, out.cols, in.same, [&](index_t i, index_t end) noexcept {
+    for_each_row(out.rows, out.cols, in.same, [&](index_t i, index_t end) {
       stationary_row(T, out.row(i), s.b_norms.data(), s.a_norms[i], in.same ? i : -1, variance_, end);
     });
     if (in.same) linalg::mirror_lower(out);
@@ -379,7 +361,7 @@ class Stationary final : public Node {
     const Matrix bT_buf = s.b_transposed();
     const ConstMatrixView bT = bT_buf.view();
     const std::vector<double> zeros(static_cast<std::size_t>(out.cols), 0.0);
-    for_each_row(out.rows, out.cols, same, [&](index_t i, index_t end) noexcept {
+    for_each_row(out.rows, out.cols, same, [&](index_t i, index_t end) {
       squared_distances_row(s.a.row(i), bT, end, out.row(i));
       stationary_row(T, out.row(i), zeros.data(), 0.0, same ? i : -1, variance_, end);
     });
@@ -413,7 +395,7 @@ class Stationary final : public Node {
 
     // Per-row partial sums of G o f (variance), W (R) and W o r^2 (isotropic lengthscale).
     std::vector<double> row_gf(N), row_w(N), row_wr2(N);
-    for_each_row(N, M, false, [&](index_t i, index_t end) noexcept {
+    for_each_row(N, M, false, [&](index_t i, index_t end) {
       double sums[3];
       if (direct) squared_distances_row(s.a.row(i), bT, end, W.row(i));
       stationary_vjp_row(T, W.row(i), G.row(i), direct ? zeros.data() : s.b_norms.data(),
@@ -443,7 +425,7 @@ class Stationary final : public Node {
       Matrix W_buf(N, M);
       const MatrixView W = W_buf.view();
       std::vector<double> row_gk(N), row_w(N);
-      for_each_row(N, M, false, [&](index_t i, index_t end) noexcept {
+      for_each_row(N, M, false, [&](index_t i, index_t end) {
         const double* g = G.row(i);
         const double* k = values.row(i);
         double* w = W.row(i);
@@ -586,7 +568,7 @@ class Linear final : public Node {
   }
 
   void Kdiag(ConstMatrixView X, double* out) const override {
-    for_each_row(X.rows, X.cols, false, [&](index_t i, index_t D) noexcept {
+    for_each_row(X.rows, X.cols, false, [&](index_t i, index_t D) {
       double s = 0.0;
       for (index_t d = 0; d < D; ++d) s += variance_[d] * X(i, d) * X(i, d);
       out[i] = s;
@@ -642,7 +624,7 @@ class Linear final : public Node {
 
 // Fills out with `value`, then sets its diagonal to `diagonal` when `with_diagonal`.
 void fill(MatrixView out, double value, bool with_diagonal, double diagonal) {
-  for_each_row(out.rows, out.cols, false, [&](index_t i, index_t end) noexcept {
+  for_each_row(out.rows, out.cols, false, [&](index_t i, index_t end) {
     double* o = out.row(i);
     std::fill(o, o + end, value);
     if (with_diagonal && i < end) o[i] = diagonal;
@@ -662,7 +644,7 @@ class Constant final : public Node {
   void K_vjp(const Inputs&, ConstMatrixView G, double* dparams, MatrixView*,
              MatrixView*) const override {
     std::vector<double> row_sum(static_cast<std::size_t>(G.rows));
-    for_each_row(G.rows, G.cols, false, [&](index_t i, index_t end) noexcept {
+    for_each_row(G.rows, G.cols, false, [&](index_t i, index_t end) {
       row_sum[i] = vector_sum(G.row(i), end);
     });
     dparams[offset_] += ordered_sum(row_sum);
@@ -709,7 +691,7 @@ using Children = std::vector<std::unique_ptr<Node>>;
 // out = out + other (Sum) or out o other (Product), elementwise.
 template <bool kMultiply>
 void combine(MatrixView out, ConstMatrixView other) {
-  for_each_row(out.rows, out.cols, false, [&](index_t i, index_t end) noexcept {
+  for_each_row(out.rows, out.cols, false, [&](index_t i, index_t end) {
     double* o = out.row(i);
     const double* x = other.row(i);
     for (index_t j = 0; j < end; ++j) o[j] = kMultiply ? o[j] * x[j] : o[j] + x[j];
@@ -786,7 +768,7 @@ class Product final : public Node {
     Matrix Gc_buf(N, M);
     const MatrixView Gc = Gc_buf.view();
     for (std::size_t c = 0; c < children_.size(); ++c) {
-      for_each_row(N, M, false, [&](index_t i, index_t end) noexcept {
+      for_each_row(N, M, false, [&](index_t i, index_t end) {
         double* out = Gc.row(i);
         std::copy(G.row(i), G.row(i) + end, out);
         for (std::size_t o = 0; o < Ks.size(); ++o) {

@@ -142,7 +142,7 @@ void visit_strict_lower(index_t n, const Visit& visit) {
   constexpr index_t t = 32;
   const index_t tile_rows = (n + t - 1) / t;
   parallel_for(tile_rows, std::max<index_t>(1, (index_t{1} << 16) / std::max<index_t>(t * n / 2, 1)),
-               [&](index_t r) noexcept {
+               [&](index_t r) {
                  const index_t i0 = r * t;
                  for (index_t j0 = 0; j0 <= i0; j0 += t)
                    for (index_t i = i0; i < std::min(i0 + t, n); ++i)
@@ -153,11 +153,11 @@ void visit_strict_lower(index_t n, const Visit& visit) {
 }  // namespace
 
 void mirror_lower(MatrixView A) {
-  visit_strict_lower(A.rows, [&](index_t i, index_t j) noexcept { A(j, i) = A(i, j); });
+  visit_strict_lower(A.rows, [&](index_t i, index_t j) { A(j, i) = A(i, j); });
 }
 
 void symmetrise(MatrixView A) {
-  visit_strict_lower(A.rows, [&](index_t i, index_t j) noexcept { A(i, j) = A(j, i) = 0.5 * (A(i, j) + A(j, i)); });
+  visit_strict_lower(A.rows, [&](index_t i, index_t j) { A(i, j) = A(j, i) = 0.5 * (A(i, j) + A(j, i)); });
 }
 
 double add_relative_jitter(MatrixView A, double relative, const char* what, const char* where) {
@@ -268,7 +268,7 @@ void cholesky_reverse(ConstMatrixView L, MatrixView G) {
   workspace::Buffer work, S;
   cholesky_reverse_pass(L, G, kOuterBlock, work, S);
   // Lower-only gradient to the symmetric one: off-diagonal entries are shared by two.
-  visit_strict_lower(M, [&](index_t i, index_t j) noexcept { G(j, i) = G(i, j) *= 0.5; });
+  visit_strict_lower(M, [&](index_t i, index_t j) { G(j, i) = G(i, j) *= 0.5; });
 }
 
 void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G, double beta) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "check.hpp"
@@ -194,6 +195,41 @@ PYGPFAST_TEST(batched_fits_do_not_depend_on_the_thread_count) {
     CHECK(same(var[0], var[1]));
     for (double v : logev[0]) CHECK(std::isfinite(v));
   }
+}
+
+PYGPFAST_TEST(a_failed_block_is_one_error_after_the_region_naming_the_lowest_numbered) {
+  // Newton's method stopped after one step fails in every block. Blocks run largest first, so
+  // block 0, the smallest, is the last a thread takes; the error names it on 1 and 2 threads.
+  const Data d = make_data(60, 2, 5, true);
+  std::vector<index_t> offsets{0}, rows;
+  for (index_t n : {8, 20, 14, 18}) {
+    for (index_t i = 0; i < n; ++i) rows.push_back(static_cast<index_t>(rows.size()));
+    offsets.push_back(static_cast<index_t>(rows.size()));
+  }
+  const double params[2] = {1.0, 1.0};
+  moe::Start start{params, 0, nullptr, 0, nullptr, 0};
+  moe::FitOptions o;
+  o.likelihood = moe::Likelihood::Logit;
+  o.laplace.max_iter = 1;
+  std::vector<double> out_params(8), logev(4), alpha(60), factor(8 * 8 + 20 * 20 + 14 * 14 + 18 * 18);
+  moe::FitOutputs out;
+  out.params = out_params.data();
+  out.log_evidence = logev.data();
+  out.alpha = alpha.data();
+  out.factor = factor.data();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::string message;
+    try {
+      moe::fit_blocks(moe::KernelSpec{kRbfIso, 2, 2}, start, ConstMatrixView(d.X.data(), d.N, d.D), d.y.data(),
+                      offsets.data(), rows.data(), 4, o, out);
+    } catch (const LinAlgError& e) {
+      message = e.what();
+    }
+    CHECK(message.find("block 0 (8 rows): ") != std::string::npos);
+    CHECK(message.find("did not converge") != std::string::npos);
+  }
+  set_num_threads(0);
 }
 
 PYGPFAST_TEST(bad_blocks_are_refused) {

@@ -7,7 +7,12 @@
 // loop is split only when each thread gets at least `min_per_thread` items.
 #pragma once
 
+#include "pygpfast/region_errors.hpp"
 #include "pygpfast/view.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace pygpfast {
 
@@ -44,11 +49,13 @@ int blas_threads();
 // True when the core was compiled with OpenMP.
 bool openmp_enabled();
 
-// body(i) for every i in [0, n), on threads_for(n, min_per_thread) threads with a static
-// schedule. Bodies write per-index outputs, so results do not depend on the thread count.
-// The body must not throw (validate before the loop). On one thread the loop runs without an
-// OpenMP region: GNU OpenMP's region with an if(false) clause still allocates a team and makes a
-// futex system call (about a microsecond, 15 of them in a small SVGP step).
+// body(i) for every i in [0, n), on threads_for(n, min_per_thread) threads, each over one
+// contiguous range of i (as schedule(static)). Bodies write per-index outputs, so results do
+// not depend on the thread count. An exception from body(i) ends its thread's range and is
+// rethrown after the loop: that of the lowest failed i, as on one thread (region_errors.hpp).
+// On one thread the loop runs without an OpenMP region: GNU OpenMP's region with an if(false)
+// clause still allocates a team and makes a futex system call (about a microsecond, 15 of them
+// in a small SVGP step).
 template <class Body>
 void parallel_for(index_t n, index_t min_per_thread, const Body& body) {
   [[maybe_unused]] const int nt = threads_for(n, min_per_thread);
@@ -56,10 +63,19 @@ void parallel_for(index_t n, index_t min_per_thread, const Body& body) {
     for (index_t i = 0; i < n; ++i) body(i);
     return;
   }
-#ifdef _OPENMP  // (without it the pragma would draw -Wunknown-pragmas)
-#pragma omp parallel for schedule(static) num_threads(nt)
+  // (A range's rank is its first index: the ranges are ordered, and one that fails stops.)
+  RegionErrors errors;
+#ifdef _OPENMP  // (without it threads_for answers 1)
+#pragma omp parallel num_threads(nt)
+  {
+    const index_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    const index_t begin = n * t / T, end = n * (t + 1) / T;
+    errors.run(begin, [&] {
+      for (index_t i = begin; i < end; ++i) body(i);
+    });
+  }
 #endif
-  for (index_t i = 0; i < n; ++i) body(i);
+  errors.rethrow();
 }
 
 // While one exists (when `active`), the calling thread runs the core on one thread: its OpenMP

@@ -33,7 +33,7 @@ namespace detail {
   constexpr double kLn2Hi = 6.93147180369123816490e-01;
   constexpr double kLn2Lo = 1.90821492927058770002e-10;
   constexpr double kShift = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
-  constexpr std::int64_t kShiftBits = 0x4338000000000000LL;
+  constexpr std::uint64_t kShiftBits = 0x4338000000000000ULL;
   const double t = x * kLog2e + kShift;
   const double n = t - kShift;
   const double r = ((x - n * kLn2Hi) - n * kLn2Lo) + x_lo;
@@ -51,10 +51,12 @@ namespace detail {
   p = p * r + 0.5;
   p = p * r + 1.0;
   p = p * r + 1.0;
-  std::int64_t bits;
+  std::uint64_t bits;
   std::memcpy(&bits, &t, sizeof bits);
-  // t and kShift share their exponent, so their bit patterns differ by exactly n.
-  const std::int64_t e = (bits - kShiftBits + 1023) << 52;
+  // t and kShift share their exponent, so their bit patterns differ by exactly n. (Unsigned: a
+  // NaN's bits make garbage, discarded by exp's select, where signed arithmetic would be
+  // undefined.)
+  const std::uint64_t e = (bits - kShiftBits + 1023) << 52;
   double scale;
   std::memcpy(&scale, &e, sizeof scale);
   return p * scale;

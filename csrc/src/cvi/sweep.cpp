@@ -8,6 +8,7 @@
 #include "inference.hpp"
 #include "pygpfast/blas.hpp"
 #include "pygpfast/errors.hpp"
+#include "pygpfast/region_errors.hpp"
 #include "pygpfast/threads.hpp"
 
 namespace pygpfast::cvi::detail {
@@ -175,6 +176,7 @@ void SiteSweep::add_lower_update(MatrixView V, const double* U, const double* s,
     const SingleThreadScope serial_blas(true);
     for (index_t q = 0; q < panels; ++q) panel(q);
   } else {
+    RegionErrors errors;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
@@ -183,8 +185,9 @@ void SiteSweep::add_lower_update(MatrixView V, const double* U, const double* s,
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-      for (index_t q = 0; q < panels; ++q) panel(q);
+      for (index_t q = 0; q < panels; ++q) errors.run(q, [&] { panel(q); });
     }
+    errors.rethrow();
   }
 }
 

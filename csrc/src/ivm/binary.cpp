@@ -258,7 +258,7 @@ void BinaryIVM::scores(Criterion criterion, double* out) const {
   // the continued fraction, one point at a time, as adf_update does.
   constexpr index_t kBlock = vmath::kLogNormalCdfBlock;
   const index_t blocks = (n_ + kBlock - 1) / kBlock;
-  parallel_for(blocks, std::max<index_t>(1, kMinScoresPerThread / kBlock), [&](index_t blk) noexcept {
+  parallel_for(blocks, std::max<index_t>(1, kMinScoresPerThread / kBlock), [&](index_t blk) {
     const index_t j0 = blk * kBlock;
     score_block(probit, criterion, s2, bias, h + j0, a + j0, y_ + j0, act + j0, std::min(kBlock, n_ - j0),
                 out + j0);
@@ -318,7 +318,7 @@ void BinaryIVM::grow(index_t j, double b, double pi, double log_z, double score)
   double* Mrow = M + d * n;
   double* h = h_.data();
   double* a = a_.data();
-  parallel_for(n, kMinUpdatesPerThread, [&](index_t i) noexcept {
+  parallel_for(n, kMinUpdatesPerThread, [&](index_t i) {
     const double si = s[i];
     Mrow[i] = sqrt_nu * si;
     h[i] += alpha * si;
@@ -409,13 +409,13 @@ void predict(const kernels::Kernel& kernel, ConstMatrixView X_active, const doub
     const MatrixView Vb(V.data(), d, tb);
     kernel.K(X_active, Xb, false, Vb);
     kernel.Kdiag(Xb, var + t0);
-    for_column_blocks(tb, d, [&](index_t j0, index_t j1) noexcept {
+    for_column_blocks(tb, d, [&](index_t j0, index_t j1) {
       for (index_t k = 0; k < d; ++k)
         for (index_t j = j0; j < j1; ++j) Vb(k, j) *= sq[k];
     });
     blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, L, Vb);
     blas::gemv(Trans::Yes, 1.0, Vb, beta, 0.0, mean + t0);
-    for_column_blocks(tb, d, [&](index_t j0, index_t j1) noexcept {
+    for_column_blocks(tb, d, [&](index_t j0, index_t j1) {
       double* v = var + t0;
       for (index_t k = 0; k < d; ++k)
         for (index_t j = j0; j < j1; ++j) v[j] -= Vb(k, j) * Vb(k, j);
@@ -428,7 +428,7 @@ void probit_probability(const BinaryLikelihood& lik, const double* mean, const d
                         double* out) {
   validate(lik);
   constexpr double kInvSqrt2 = 0.70710678118654752440;
-  parallel_for(T, kMinScoresPerThread, [&](index_t t) noexcept {
+  parallel_for(T, kMinScoresPerThread, [&](index_t t) {
     const double z = (mean[t] + lik.bias) / std::sqrt(lik.noise_variance + var[t]);
     out[t] = 0.5 * std::erfc(-z * kInvSqrt2);
   });
@@ -482,7 +482,7 @@ BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, Co
     for (index_t l = 0; l < d; ++l) L(k, l) = l <= k ? (k == l ? 1.0 : 0.0) + sq[k] * KI(k, l) * sq[l] : 0.0;
   const int info = blas::potrf_lower(L);
   if (info != 0) throw_not_positive_definite(info);
-  for_column_blocks(n, d, [&](index_t j0, index_t j1) noexcept {
+  for_column_blocks(n, d, [&](index_t j0, index_t j1) {
     for (index_t k = 0; k < d; ++k)
       for (index_t j = j0; j < j1; ++j) M(k, j) = sq[k] * KIn(k, j);
   });
@@ -492,7 +492,7 @@ BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, Co
   // Marginals h = M^T beta, a = diag K - colsum(M o M); xi = Pi^1/2 L^-T beta.
   Buffer h(static_cast<std::size_t>(n)), a(static_cast<std::size_t>(n));
   blas::gemv(Trans::Yes, 1.0, M, beta.data(), 0.0, h.data());
-  for_column_blocks(n, d, [&](index_t j0, index_t j1) noexcept {
+  for_column_blocks(n, d, [&](index_t j0, index_t j1) {
     for (index_t j = j0; j < j1; ++j) a[j] = kdiag[j];
     for (index_t k = 0; k < d; ++k)
       for (index_t j = j0; j < j1; ++j) a[j] -= M(k, j) * M(k, j);
@@ -570,7 +570,7 @@ BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, Co
   Buffer V_(M_);
   const MatrixView V(V_.data(), d, n);
   blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, L, V);
-  for_column_blocks(n, d, [&](index_t j0, index_t j1) noexcept {
+  for_column_blocks(n, d, [&](index_t j0, index_t j1) {
     for (index_t k = 0; k < d; ++k)
       for (index_t j = j0; j < j1; ++j) V(k, j) *= sq[k];
   });
@@ -598,7 +598,7 @@ BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, Co
   // Adjoint of K_{I,.}: G = xi g_h^T - 2 V diag(g_a) [d, n] (the transpose of the note's Z).
   Buffer& G_ = V_;  // (V is no longer needed once G is formed in its place)
   const MatrixView G(G_.data(), d, n);
-  for_column_blocks(n, d, [&](index_t j0, index_t j1) noexcept {
+  for_column_blocks(n, d, [&](index_t j0, index_t j1) {
     for (index_t k = 0; k < d; ++k)
       for (index_t j = j0; j < j1; ++j) G(k, j) = xi[k] * gh[j] - 2.0 * V(k, j) * ga[j];
   });

@@ -145,7 +145,6 @@ void multiclass_predict(const ClassKernels& kernels, int C, ConstMatrixView XI, 
   const index_t CC = static_cast<index_t>(C) * C;
   constexpr index_t kBlock = 256;
   Vec Kc = zeros(d * kBlock), Qall = zeros(C * d * kBlock), var = zeros(C * kBlock), kss = zeros(kBlock), mtmp = zeros(kBlock);
-  std::vector<int> failed(static_cast<std::size_t>(kBlock));
   for (index_t t0 = 0; t0 < T; t0 += kBlock) {
     const index_t tb = std::min(kBlock, T - t0);
     const ConstMatrixView Xb(Xnew.row(t0), tb, Xnew.cols, Xnew.ld);
@@ -181,12 +180,10 @@ void multiclass_predict(const ClassKernels& kernels, int C, ConstMatrixView XI, 
           At[c * C + e] = At[e * C + c] = s;
         }
       if (cov != nullptr) std::copy(At.begin(), At.end(), cov + (t0 + t) * CC);
-      failed[t] = 0;
       if (prob != nullptr) {
-        if (!small::cholesky(C, At.data(), Lt.data())) {
-          failed[t] = 1;
-          return;
-        }
+        if (!small::cholesky(C, At.data(), Lt.data()))
+          throw LinAlgError("ivm.multiclass_predict", 1, "the predictive covariance at Xnew row " +
+                                                             std::to_string(t0 + t) + " is not positive definite");
         std::vector<double> work(static_cast<std::size_t>(
             std::max(cubature_work_size(q), with_fallback ? cubature_work_size(q2) : index_t{0})));
         double* pt = prob + (t0 + t) * C;
@@ -195,10 +192,6 @@ void multiclass_predict(const ClassKernels& kernels, int C, ConstMatrixView XI, 
           softmax_expected_probabilities(q2, mean + (t0 + t) * C, Lt.data(), beta, pt, work.data());
       }
     });
-    for (index_t t = 0; t < tb; ++t)
-      if (failed[t])
-        throw LinAlgError("ivm.multiclass_predict", 1,
-                          "the predictive covariance at Xnew row " + std::to_string(t0 + t) + " is not positive definite");
   }
 }
 
@@ -266,7 +259,6 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
 
   // Data term per point, with g_h [n, C] and G_A [n, C, C].
   Vec val = zeros(n), gh = zeros(n * C), GA = zeros(n * CC);
-  std::vector<int> failed(static_cast<std::size_t>(n), 0);
   parallel_for(n, 16, [&](index_t j) {
     std::vector<double> hj(C), Aj(CC), Lj(CC), work(static_cast<std::size_t>(cubature_work_size(q)));
     for (int c = 0; c < C; ++c) {
@@ -277,17 +269,12 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
         Aj[c * C + e] = Aj[e * C + c] = s;
       }
     }
-    if (!small::cholesky(C, Aj.data(), Lj.data())) {
-      failed[j] = 1;
-      return;
-    }
+    if (!small::cholesky(C, Aj.data(), Lj.data()))
+      throw LinAlgError("ivm.multiclass_bound", 1,
+                        "the marginal covariance of point " + std::to_string(j) + " is not positive definite");
     softmax_expected_nll(q, static_cast<int>(y[j]), hj.data(), Lj.data(), beta, &val[j], gh.data() + j * C,
                          GA.data() + j * CC, work.data());
   });
-  for (index_t j = 0; j < n; ++j)
-    if (failed[j])
-      throw LinAlgError("ivm.multiclass_bound", 1,
-                        "the marginal covariance of point " + std::to_string(j) + " is not positive definite");
   MulticlassBoundResult res;
   res.expected_nll = linalg::fixed_order_sum(val.data(), n);
   // KL = [sum_c (xi^T K xi - tr(W^(c,c) K)) + log|I + K Pi|] / 2, tr(W^(c,c) K) = tr(W K) - tr(Gamma^-1 W K W).

@@ -449,12 +449,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
       jscore.assign(J.size(), -HUGE_VAL);
       jstatus.assign(J.size(), 0);
       parallel_for(static_cast<index_t>(J.size()), 4, [&](index_t k) {
-        try {
-          jscore[k] = scorer.score(st, J[k], static_cast<int>(y[J[k]]), jstatus[k]);
-        } catch (...) {
-          jscore[k] = -HUGE_VAL;
-          jstatus[k] = 3;
-        }
+        jscore[k] = scorer.score(st, J[k], static_cast<int>(y[J[k]]), jstatus[k]);
       });
       index_t best_k = -1;
       for (std::size_t k = 0; k < J.size(); ++k) {

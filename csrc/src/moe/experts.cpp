@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <exception>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -14,6 +13,7 @@
 #include "pygpfast/kernels.hpp"
 #include "pygpfast/likelihoods.hpp"
 #include "pygpfast/linalg.hpp"
+#include "pygpfast/region_errors.hpp"
 #include "pygpfast/threads.hpp"
 #include "pygpfast/vmath.hpp"
 
@@ -305,8 +305,8 @@ namespace {
 
 // Runs body(p) for every block, largest first, on OpenMP threads (dynamic: an atomic counter over
 // the sorted blocks), every thread inside a SingleThreadScope (also on one thread, so that the
-// arithmetic is the same for every thread count). Exceptions are captured per block; the one of
-// the lowest-numbered failed block is rethrown after the region, its message naming the block.
+// arithmetic is the same for every thread count). A failure is rethrown after the region: that
+// of the lowest-numbered failed block (region_errors.hpp), its message naming the block.
 template <class Body>
 void for_each_block(const index_t* offsets, index_t blocks, const Body& body) {
   std::vector<index_t> order(static_cast<std::size_t>(blocks));
@@ -314,20 +314,26 @@ void for_each_block(const index_t* offsets, index_t blocks, const Body& body) {
   std::stable_sort(order.begin(), order.end(), [&](index_t p, index_t q) {
     return offsets[p + 1] - offsets[p] > offsets[q + 1] - offsets[q];
   });
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(blocks));
+  auto block = [&](index_t p, BlockWorkspace& ws) {
+    const auto where = [&] {
+      return "block " + std::to_string(p) + " (" + std::to_string(offsets[p + 1] - offsets[p]) + " rows): ";
+    };
+    try {
+      body(p, ws);
+    } catch (const LinAlgError& e) {
+      throw LinAlgError(e.routine(), e.info(), where() + e.what());
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(where() + e.what());
+    }
+  };
+  RegionErrors errors;
   std::atomic<index_t> next{0};
-  std::atomic<bool> failed{false};
-  auto worker = [&]() noexcept {
+  auto worker = [&] {
     const SingleThreadScope one_thread(true);
     BlockWorkspace ws;
-    for (index_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < blocks;) {
+    for (index_t i; (i = next.fetch_add(1)) < blocks;) {
       const index_t p = order[static_cast<std::size_t>(i)];
-      try {
-        body(p, ws);
-      } catch (...) {
-        errors[static_cast<std::size_t>(p)] = std::current_exception();
-        failed.store(true, std::memory_order_relaxed);
-      }
+      errors.run(p, [&] { block(p, ws); });
     }
   };
   [[maybe_unused]] const int threads = threads_for_blas_calls(blocks, 1);
@@ -339,18 +345,7 @@ void for_each_block(const index_t* offsets, index_t blocks, const Body& body) {
     worker();
 #endif
   }
-  for (index_t p = 0; p < blocks; ++p) {
-    if (!errors[static_cast<std::size_t>(p)]) continue;
-    const std::string where = "block " + std::to_string(p) + " (" + std::to_string(offsets[p + 1] - offsets[p]) +
-                              " rows): ";
-    try {
-      std::rethrow_exception(errors[static_cast<std::size_t>(p)]);
-    } catch (const LinAlgError& e) {
-      throw LinAlgError(e.routine(), e.info(), where + e.what());
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(where + e.what());
-    }
-  }
+  errors.rethrow();
 }
 
 // Copies the block's rows of X and y into ws.X [n, D] and ws.y [n].
@@ -542,7 +537,8 @@ void predict_blocks(const KernelSpec& spec, const Start& fitted, ConstMatrixView
   factor_offsets(offsets, blocks, foffs.data());
   for (index_t i = 0; i < offsets[blocks]; ++i) {
     require(std::isfinite(alpha[i]), "moe: alpha has a non-finite value at ", i);
-    require(gaussian || (std::isfinite(W[i]) && W[i] >= 0.0), "moe: W must be >= 0 and finite, got W[", i, "] = ", W[i]);
+    if (!gaussian)  // (W is null for a Gaussian likelihood: not even the message may name W[i])
+      require(std::isfinite(W[i]) && W[i] >= 0.0, "moe: W must be >= 0 and finite, got W[", i, "] = ", W[i]);
   }
   if (T == 0) return;
   likelihoods::Likelihood logit;

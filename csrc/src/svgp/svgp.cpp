@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <exception>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -11,6 +10,7 @@
 #include "pygpfast/blas.hpp"
 #include "pygpfast/errors.hpp"
 #include "pygpfast/linalg.hpp"
+#include "pygpfast/region_errors.hpp"
 #include "pygpfast/threads.hpp"
 #include "pygpfast/workspace.hpp"
 
@@ -849,21 +849,14 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     if (wants.grads) gradients_through_q(kernel, q, sh, wants, jitter, p, grads, dZzz);
   };
 
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-  auto guarded = [&](auto&& step) noexcept {
-    if (failed.load(std::memory_order_relaxed)) return;
-    try {
-      step();
-    } catch (...) {
-#ifdef _OPENMP
-#pragma omp critical(pygpfast_svgp_error)
-#endif
-      if (!failed.exchange(true)) error = std::current_exception();
-    }
-  };
+  // Failures inside the region are rethrown after it (region_errors.hpp), ranked in the order
+  // of the work on one thread: before the blocks, the kept blocks' kernels, the blocks, after
+  // them, the kept blocks' vjps; a block's partials are added in block order under its rank.
+  RegionErrors errors;
+  const index_t rank_kernel = 1, rank_block = rank_kernel + kept, rank_after = rank_block + blocks,
+                rank_vjp = rank_after + 1;
 
-  if (!serial_inside) guarded(before_blocks);
+  if (!serial_inside) errors.run(0, before_blocks);
   std::vector<Partials> scratch(static_cast<std::size_t>(threads));
   std::atomic<index_t> next_kernel{0}, next_vjp{0};
   // The O(M^3) work of each phase goes to the first thread that reaches it: with another process
@@ -872,9 +865,10 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
   run_threads(threads, [&](int t) {
     BlockWork work;
     // A. Before the blocks, and the kept blocks' kernels.
-    if (serial_inside && !before_taken.exchange(true)) guarded(before_blocks);
+    if (serial_inside && !before_taken.exchange(true)) errors.run(0, before_blocks);
     for (index_t b; (b = next_kernel.fetch_add(1)) < kept;)
-      guarded([&] { evaluator.kernel(b * nb, block_columns(b), kept_K(b), kdiag_kept.data() + b * nb); });
+      errors.run(rank_kernel + b,
+                 [&] { evaluator.kernel(b * nb, block_columns(b), kept_K(b), kdiag_kept.data() + b * nb); });
     // (Only in the region: an orphaned barrier on one thread would bind to an enclosing team of
     // the caller's, if it called from one.)
     if (threads > 1) {
@@ -884,7 +878,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     }
     // B. The blocks, their partials summed in block order.
     auto block = [&](index_t b) {
-      guarded([&] {
+      errors.run(rank_block + b, [&] {
         const index_t n0 = b * nb, cols = block_columns(b);
         scratch[t].reset();
         MatrixView K;
@@ -907,7 +901,7 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
     if (threads == 1) {
       for (index_t b = 0; b < blocks; ++b) {
         block(b);
-        if (!failed) p.add(scratch[0]);
+        errors.run(rank_block + b, [&] { p.add(scratch[0]); });
       }
     } else {
 #ifdef _OPENMP
@@ -915,18 +909,18 @@ Result elbo(const kernels::Kernel& kernel, const likelihoods::Likelihood& lik, c
       for (index_t b = 0; b < blocks; ++b) {
         block(b);
 #pragma omp ordered
-        if (!failed.load(std::memory_order_relaxed)) p.add(scratch[t]);
+        errors.run(rank_block + b, [&] { p.add(scratch[t]); });
       }
 #endif
     }
     // C. After the blocks, and the kept blocks' kernel vjps.
-    if (serial_inside && !after_taken.exchange(true)) guarded(after_blocks);
+    if (serial_inside && !after_taken.exchange(true)) errors.run(rank_after, after_blocks);
     if (wants.grads)
       for (index_t b; (b = next_vjp.fetch_add(1)) < kept;)
-        guarded([&] { block_vjp(b, kept_K(b), kept_dK(b), work); });
+        errors.run(rank_vjp + b, [&] { block_vjp(b, kept_K(b), kept_dK(b), work); });
   });
-  if (!serial_inside) guarded(after_blocks);
-  if (error) std::rethrow_exception(error);
+  if (!serial_inside) errors.run(rank_after, after_blocks);
+  errors.rethrow();
   if (!wants.grads) return res;
 
   // The blocks' kernel gradients, in block order.

@@ -17,6 +17,9 @@ same task again and again) ends the fit with a RuntimeError that says so
 
 import asyncio
 import concurrent.futures
+import dataclasses
+
+import numpy as np
 
 from . import _engine
 
@@ -63,6 +66,26 @@ def _log_weight(result):
     return result["log_weight"]
 
 
+def _aligned(a):
+    """`a`, or an aligned C-contiguous copy of it. An array unpickled from a Dask message can
+    start at any byte of the message's buffer, and the compiled core reads only aligned arrays
+    (a misaligned load is undefined behaviour; UBSan found the kernel codes misaligned on a
+    worker)."""
+    return np.require(a, requirements="CA")
+
+
+def _fit_chunk(X, Xs, y, cfg, samples):
+    """:func:`._engine.fit_chunk` on a worker, on aligned arrays."""
+    cfg = dataclasses.replace(cfg, codes=_aligned(cfg.codes), params0=_aligned(cfg.params0),
+                              lower=_aligned(cfg.lower), upper=_aligned(cfg.upper))
+    return _engine.fit_chunk(_aligned(X), _aligned(Xs), _aligned(y), cfg, samples)
+
+
+def _received(state):
+    """A chunk's state as it came back, its arrays aligned."""
+    return {k: _aligned(v) if isinstance(v, np.ndarray) else v for k, v in state.items()}
+
+
 def cluster_failure(exc, client, who):
     """The RuntimeError that replaces `exc`, raised by Dask during `who`'s fit (the
     estimator's name), when it means the cluster lost the fit's work; None for an error of
@@ -99,7 +122,7 @@ class _Submitted:
         # (hash=False: keys of their own; content-hashed keys are shared with an earlier fit
         # on the same arrays, whose release at its end could race with this fit's use)
         self.data = self.client.scatter(self.arrays, broadcast=True, hash=False)
-        self.futures = {i: self.client.submit(_engine.fit_chunk, *self.data, self.cfg,
+        self.futures = {i: self.client.submit(_fit_chunk, *self.data, self.cfg,
                                               self.chunks[i], pure=False, retries=3)
                         for i in range(first, len(self.chunks))}
 
@@ -116,10 +139,10 @@ def _chunk_result(client, future, needed):
     """(log weights, state) of one chunk's future (see :func:`run_chunks`)."""
     log_weight = client.submit(_log_weight, future, pure=False, retries=3).result()
     if needed is None:
-        return log_weight, future.result()
+        return log_weight, _received(future.result())
     keep = needed(log_weight)
-    return log_weight, client.submit(_engine.select_samples, future, keep, pure=False,
-                                     retries=3).result()
+    return log_weight, _received(client.submit(_engine.select_samples, future, keep, pure=False,
+                                               retries=3).result())
 
 
 def run_chunks(client, X, Xs, y, cfg, chunks, *, who, needed=None):
