@@ -61,6 +61,8 @@ _SETS = {
 _DEFAULTS = [
     ("SVGPClassifier", lambda: pygpfast.SVGPClassifier(max_iter=30), "binary"),
     ("SVGPClassifier-softmax", lambda: pygpfast.SVGPClassifier(max_iter=30), "multiclass"),
+    ("SVGPClassifier-robustmax", lambda: pygpfast.SVGPClassifier(likelihood="robustmax", max_iter=30),
+     "multiclass"),
     ("SVGPClassifier-mf", lambda: pygpfast.SVGPClassifier(method="mf", max_iter=15), "binary"),
     ("SVGPClassifier-natgrad", lambda: pygpfast.SVGPClassifier(optimizer="natgrad", max_iter=5),
      "binary"),
