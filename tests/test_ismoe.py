@@ -21,6 +21,7 @@ from pygpfast.kernels import RBF
 from pygpfast.moe import _psis
 
 from blas_rounding import assert_same
+from dask_cluster import loopback_cluster
 
 
 def _data(n=120, seed=0, D=1):
@@ -341,17 +342,8 @@ def test_without_dask_the_package_works(monkeypatch):
 
 @pytest.fixture(scope="module")
 def dask_cluster():
-    distributed = pytest.importorskip("distributed")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                           host="127.0.0.1", dashboard_address=None)
-        client = distributed.Client(cluster)
-    yield cluster, client
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        client.close()
-        cluster.close()
+    with loopback_cluster() as pair:
+        yield pair
 
 
 def test_dask_equals_threads_bitwise(dask_cluster):

@@ -34,6 +34,8 @@ import pygpfast
 from pygpfast import kernels, likelihoods, priors
 from pygpfast._base import _estimator
 from pygpfast.moe import _dask
+
+from dask_cluster import loopback_cluster
 from pygpfast.cvi import LocalBound
 from pygpfast.piecewise import llp_bound
 from pygpfast.svgp import SVGP
@@ -447,19 +449,9 @@ def _within(seconds, fn, *args):
 def local_cluster(request):
     """A LocalCluster on 127.0.0.1 (TCP) with 2 workers of 1 thread (processes=request.param)
     and its client; closed after the test."""
-    distributed = pytest.importorskip("distributed")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # (protocol tcp: workers in this process would talk inproc, without a connection)
-        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1,
-                                           processes=request.param, host="127.0.0.1",
-                                           protocol="tcp", dashboard_address=None)
-        client = distributed.Client(cluster)
-    yield cluster, client
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        client.close()
-        cluster.close()
+    # (protocol tcp: workers in this process would talk inproc, without a connection)
+    with loopback_cluster(processes=request.param, protocol="tcp") as pair:
+        yield pair
 
 
 def _ismoe_data():

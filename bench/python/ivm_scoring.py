@@ -17,18 +17,12 @@ import time
 import numpy as np
 
 import common
+from ivm_scaling import data
 
 import pygpfast
 from pygpfast import _core, kernels
 
 SHAPES = [(800, 150, 5, 0), (4000, 400, 5, 0), (1000, 100, 10, 1)]  # n, d, C, rule
-
-
-def data(n, C, D=50, seed=0):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, D))
-    y = np.argmax(X @ rng.normal(size=(D, C)) + 0.5 * rng.normal(size=(n, C)), axis=1)
-    return np.ascontiguousarray(X), y.astype(np.float64)
 
 
 def main():

@@ -123,8 +123,7 @@ struct LabelNoise {
   // (log p0, d log p0 / dz) in place to (log p, d log p / dz), and r.
   void mix(double& log_p, double& d1, double& r) const {
     const double a = log_keep + log_p;
-    const double hi = std::max(a, log_epsilon), lo = std::min(a, log_epsilon);
-    log_p = hi + vmath::log1p(std::exp(lo - hi));
+    log_p = log_density(log_p);
     r = std::exp(a - log_p);
     d1 *= r;
   }

@@ -181,11 +181,6 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         self.verbose = verbose
         self.callback = callback
 
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = True
-        return tags
-
     # ------------------------------------------------------------------ fit
     def fit(self, X, y):
         """Select the active set and (optionally) learn the hyperparameters.
