@@ -1,6 +1,7 @@
 """A Dask LocalCluster on loopback for the tests that need one, started and stopped by them."""
 
 import contextlib
+import time
 import warnings
 
 import pytest
@@ -23,5 +24,18 @@ def loopback_cluster(*, processes=True, protocol=None):
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            client.close()
-            cluster.close()
+            try:
+                client.close()
+            finally:
+                cluster.close()
+
+
+def wait_for_workers(client, n, timeout):
+    """Wait until the scheduler has n running workers (not with client.wait_for_workers: see
+    pygpfast.moe._dask.running_workers)."""
+    from pygpfast.moe._dask import running_workers
+    deadline = time.monotonic() + timeout
+    while running_workers(client) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {n} running Dask workers after {timeout} s")
+        time.sleep(0.1)

@@ -21,7 +21,7 @@ from pygpfast.kernels import RBF
 from pygpfast.moe import _psis
 
 from blas_rounding import assert_same
-from dask_cluster import loopback_cluster
+from dask_cluster import loopback_cluster, wait_for_workers
 
 
 def _data(n=120, seed=0, D=1):
@@ -386,4 +386,4 @@ def test_dask_survives_a_lost_worker(dask_cluster):
         got = ISMOERegressor(client=client, **kw).fit(X, y)
     assert_same(got.log_weights_, ref.log_weights_)
     assert_same(got.predict(X), ref.predict(X))
-    client.wait_for_workers(2, timeout=30)
+    wait_for_workers(client, 2, timeout=30)

@@ -35,7 +35,7 @@ from pygpfast import kernels, likelihoods, priors
 from pygpfast._base import _estimator
 from pygpfast.moe import _dask
 
-from dask_cluster import loopback_cluster
+from dask_cluster import loopback_cluster, wait_for_workers
 from pygpfast.cvi import LocalBound
 from pygpfast.piecewise import llp_bound
 from pygpfast.svgp import SVGP
@@ -500,15 +500,23 @@ def test_ismoe_on_dask_survives_workers_killed_mid_fit(local_cluster, n_killed):
     _within(60, est.fit, X, y)
     assert len(killed) == n_killed
     _assert_fit_equals(est, reference, X)  # (the tasks draw from their own seeds)
-    client.wait_for_workers(2, timeout=30)
+    wait_for_workers(client, 2, timeout=30)
     assert not set(killed) & set(client.run(os.getpid).values())  # (new workers)
 
 
 @quiet
 @pytest.mark.parametrize("local_cluster", [False], indirect=True)
-def test_ismoe_on_dask_fails_clearly_when_no_worker_is_left(local_cluster, monkeypatch):
+@pytest.mark.parametrize("stale_count", [False, True])
+def test_ismoe_on_dask_fails_clearly_when_no_worker_is_left(local_cluster, monkeypatch,
+                                                            stale_count):
+    # stale_count: a retiring worker still counted as running, so the scatter finds none (the
+    # scatter's TimeoutError must not read as a failed connection). The cluster must close
+    # cleanly after it (CI met a KeyError from cluster.close() when the fit waited with
+    # client.wait_for_workers, which refreshes the cluster's copy of the scheduler's state)
     cluster, client = local_cluster
     monkeypatch.setattr(_dask, "_WORKER_WAIT", 2.0)
+    if stale_count:
+        monkeypatch.setattr(_dask, "running_workers", lambda client: 1)
     X, y = _ismoe_data()
 
     def retire_every_worker(est, iteration, objective):

@@ -18,6 +18,7 @@ same task again and again) ends the fit with a RuntimeError that says so
 import asyncio
 import concurrent.futures
 import dataclasses
+import time
 
 import numpy as np
 
@@ -166,8 +167,7 @@ def run_chunks(client, X, Xs, y, cfg, chunks, *, who, needed=None):
                     if resubmits == _RESUBMITS or client.status != "running":
                         raise
                 resubmits += 1
-                _wait_for_a_worker(client, who)
-                run.submit(i)
+                _resubmit(run, i, who)
             yield result
     except Exception as exc:
         failure = cluster_failure(exc, client, who)
@@ -178,11 +178,34 @@ def run_chunks(client, X, Xs, y, cfg, chunks, *, who, needed=None):
         run.release()
 
 
-def _wait_for_a_worker(client, who):
-    try:
-        client.wait_for_workers(1, timeout=_WORKER_WAIT)
-    except (TimeoutError, asyncio.TimeoutError) as exc:
-        raise RuntimeError(
-            f"{who}.fit stopped: the Dask cluster lost the fit's data with its workers, and no "
-            f"worker joined it within {_WORKER_WAIT:g} s. The estimator is left unfitted; fit "
-            "again once the cluster has workers, or with backend='threads'.") from exc
+def running_workers(client):
+    """How many workers the scheduler has running. (Not ``client.wait_for_workers``: for a
+    client made from a cluster object it refreshes the cluster's copy of the scheduler's state,
+    and a worker removal still in flight then breaks the cluster's watcher, whose KeyError
+    comes back from the user's ``cluster.close()``.)"""
+    workers = client.scheduler_info()["workers"].values()
+    return sum(w.get("status", "running") == "running" for w in workers)
+
+
+def _resubmit(run, first, who):
+    """Scatter the data again and submit the chunks from `first` on, once a worker has joined,
+    within ``_WORKER_WAIT`` seconds. A worker counted as running may be leaving (its retirement
+    not yet seen): the scatter then finds no worker and times out, and the wait goes on until
+    the deadline."""
+    deadline = time.monotonic() + _WORKER_WAIT
+    last = None
+    while time.monotonic() < deadline:
+        if running_workers(run.client):
+            try:
+                run.submit(first)
+                return
+            except (TimeoutError, asyncio.TimeoutError) as exc:  # (no valid worker found)
+                if run.client.status != "running":
+                    raise
+                last = exc
+        time.sleep(0.1)
+    why = "" if last is None else f" ({type(last).__name__}: {last})"
+    raise RuntimeError(
+        f"{who}.fit stopped: the Dask cluster lost the fit's data with its workers, and no "
+        f"worker joined it within {_WORKER_WAIT:g} s{why}. The estimator is left unfitted; fit "
+        "again once the cluster has workers, or with backend='threads'.")
