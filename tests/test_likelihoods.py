@@ -2,6 +2,7 @@
 
 import copy
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -171,9 +172,15 @@ def test_extreme_inputs_are_finite(lik):
         for out in lik.variational_expectations(labels, mu, var):
             assert np.all(np.isfinite(out))
         assert np.all(np.isfinite(lik.predict_log_density(labels, mu, var)))
-    mean, variance = lik.predict_mean_and_var(mu, var)
+    # A Poisson rate exp(500) has a variance beyond float64 (exp(1100)): only mu <= 50 is
+    # finite, and the overflow is announced
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mean, variance = lik.predict_mean_and_var(mu, var)
+    assert [str(w.message)[:60] for w in caught] == (
+        ["Poisson: the predictive mean or variance overflows float64 a"]
+        if isinstance(lik, Poisson) else [])
     assert np.all(np.isfinite(mean))
-    # A Poisson rate exp(500) has a variance beyond float64 (exp(1100)): only mu <= 50 is finite.
     finite = mu <= 50 if isinstance(lik, Poisson) else np.ones(mu.size, bool)
     assert np.all(np.isfinite(variance[finite]))
     # Beyond the double range the variance is inf, not NaN (expm1(0) * inf * inf at var = 0).

@@ -223,7 +223,8 @@ def test_poisson_is_finite_below_its_overflow_and_never_nan_beyond():
     high = np.array([1e3, 1e5])
     value, d_mu, d_var = poisson.variational_expectations([5.0, 5.0], high, [0.0, 1.0])
     assert np.all(value == -np.inf) and np.all(d_mu == -np.inf) and np.all(d_var == -np.inf)
-    mean, variance = poisson.predict_mean_and_var(high, [0.0, 1.0])
+    with pytest.warns(NumericalWarning, match="overflows float64 at 2 of 2 points"):
+        mean, variance = poisson.predict_mean_and_var(high, [0.0, 1.0])
     assert np.all(mean == np.inf) and np.all(variance == np.inf)
 
 
@@ -367,6 +368,30 @@ def test_huge_kernel_variances_fail_with_what_to_change(make, variance, match):
     est.set_params(kernel=kernel, optimize_hyperparameters=False, random_state=0)
     with pytest.raises((pygpfast.LinAlgError, ValueError), match=match):
         est.fit(X, y)
+
+
+def test_poisson_predictions_that_overflow_float64_are_inf_with_a_warning():
+    # E[exp f] = exp(mu + var / 2) past 1.8e308 is inf, never NaN, and says where it came from
+    with pytest.warns(NumericalWarning, match=r"overflows float64 at 2 of 4 points \(latent "
+                                              r"mean up to 1, latent variance up to 2000\)"):
+        mean, var = lik.Poisson().predict_mean_and_var(np.array([0.0, 1.0, -1e5, 0.0]),
+                                                       np.array([1.0, 2e3, 1e3, 1e3]))
+    assert np.isinf(mean[1]) and np.isinf(var[1]) and np.isinf(var[3])
+    assert np.isfinite(mean[[0, 2, 3]]).all() and np.isfinite(var[[0, 2]]).all()
+    # an estimator whose kernel variance (1e10) leaves latent variances of 2e3..1e4 at the data
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2.0, 2.0, (120, 2))
+    y = np.round(np.exp(np.sin(2.0 * X[:, 0]) + 0.5 * X[:, 1]))
+    est = pygpfast.VGPPoissonRegressor(kernel=pygpfast.kernels.RBF(variance=1e10),
+                                       optimize_hyperparameters=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "fixed-point inference did not converge",
+                                ConvergenceWarning)
+        est.fit(X, y)
+    with pytest.warns(NumericalWarning, match="VGP|Poisson: the predictive mean or variance "
+                                              "overflows float64 at 120 of 120 points"):
+        mean, std = est.predict(X, return_std=True)
+    assert not np.isnan(mean).any() and not np.isnan(std).any() and np.isinf(mean).all()
 
 
 # ---------------------------------------------------------------- diverging stochastic fits

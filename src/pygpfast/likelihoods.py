@@ -17,12 +17,14 @@ optimisers use).
 """
 
 import numbers
+import warnings
 
 import numpy as np
 
 from . import _core
 from . import priors as _priors
 from ._validation import as_matrix, as_vector
+from .exceptions import NumericalWarning
 
 __all__ = ["Likelihood", "Gaussian", "Bernoulli", "Poisson", "Softmax", "RobustMax"]
 
@@ -213,10 +215,21 @@ class Likelihood:
         -------
         mean, variance : ndarray, the shape of ``mu``
             For the multi-class likelihoods, the class probabilities P(y = c) and
-            P(y = c)(1 - P(y = c)).
+            P(y = c)(1 - P(y = c)). Where a moment exceeds float64 (a Poisson rate's
+            exp(mu + var / 2) past about 1.8e308) it is inf, with a NumericalWarning.
         """
         mu, var = self._points(mu, var)
-        return _core.likelihoods.predict_mean_and_var(*self._core_args(), mu, var)
+        mean, variance = _core.likelihoods.predict_mean_and_var(*self._core_args(), mu, var)
+        over = ~(np.isfinite(mean) & np.isfinite(variance))
+        if over.any():
+            warnings.warn(
+                f"{type(self).__name__}: the predictive mean or variance overflows float64 at "
+                f"{int(over.sum())} of {over.size} points (latent mean up to {mu[over].max():.4g}, "
+                f"latent variance up to {var[over].max():.4g}); they are inf there. Latent "
+                "moments that large come from a kernel variance too large for the data: use a "
+                "smaller one (priors or bounds that keep it moderate).",
+                NumericalWarning, stacklevel=2)
+        return mean, variance
 
     def predict_log_density(self, y, mu, var):
         """Log predictive density ``log integral p(y_n | f) N(f | mu_n, var_n) df``.
