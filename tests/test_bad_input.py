@@ -24,6 +24,7 @@ from sklearn.base import is_classifier
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 
 import pygpfast
+from pygpfast import _core
 from pygpfast import cvi, kernels, likelihoods, linalg, svgp
 
 from test_estimators_common import ESTIMATORS, IDS, _data
@@ -334,6 +335,10 @@ GRACEFUL_CASES = {
         name, np.asfortranarray(_baseline(name)[1]), _baseline(name)[2])),
     "a strided view as X": (None, lambda name: _graceful_as_baseline(
         name, np.repeat(_baseline(name)[1], 2, axis=0)[::2], _baseline(name)[2])),
+    "misaligned X and y (views at an odd byte offset), at fit and predict": (
+        None, lambda name: _graceful_as_baseline(
+            name, _misaligned(_baseline(name)[1]), _misaligned(_baseline(name)[2]),
+            X_test=_misaligned(_baseline(name)[1]))),
     "an object array of numbers as X": (None, lambda name: _graceful_as_baseline(
         name, _baseline(name)[1].astype(object), _baseline(name)[2])),
     "numeric strings as X": (None, lambda name: _graceful_as_baseline(
@@ -371,6 +376,16 @@ GRACEFUL_CASES = {
     "X * 1e-200": (None, lambda name: _scaled(name, 1e-200)),
     "predictions 1e200 times further out": (None, lambda name: _scaled(name, 1.0, far=True)),
 }
+
+
+def _misaligned(a):
+    """A copy of `a` whose data start one byte past a multiple of its item size (a view into a
+    byte buffer, as an array unpickled from a message can be): flags.aligned is False."""
+    a = np.asarray(a)
+    out = np.empty(a.nbytes + 1, dtype=np.uint8)[1:].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert not out.flags.aligned
+    return out
 
 
 def _matrix(X):
@@ -443,6 +458,12 @@ def _kernel_matrix_equal(kernel, X, reference):
     return GRACEFUL
 
 
+def _same_inference(a, b):
+    assert np.array_equal(a.alpha, b.alpha) and np.array_equal(a.lambda_, b.lambda_)
+    assert a.bound == b.bound
+    return GRACEFUL
+
+
 def _small():
     """(X [6, 2], a positive definite A [6, 6]) for the public functions."""
     rng = np.random.default_rng(0)
@@ -466,6 +487,11 @@ FUNCTION_CASES = {
         _kernel_matrix_equal(kernels.RBF(), Xv, kernels.RBF()(np.asarray(Xv, dtype=np.float64)))
         for Xv in (X.astype(np.float32), (3 * X).astype(int), np.asfortranarray(X),
                    np.repeat(X, 2, axis=0)[::2], pd.DataFrame(X))) and GRACEFUL,
+    ("kernels.RBF()", "misaligned X and X2"): lambda X, A: _kernel_matrix_equal(
+        kernels.RBF(), _misaligned(X), kernels.RBF()(X)) and np.array_equal(
+        kernels.RBF()(_misaligned(X), _misaligned(X[:2])), kernels.RBF()(X, X[:2])) and GRACEFUL,
+    ("_core.linalg.cholesky (compiled)", "a misaligned array"): lambda X, A: _clean_error(
+        lambda: _core.linalg.cholesky(_misaligned(A)), "A must be aligned to its item size"),
     ("kernels.RBF()", "X * 1e200"): lambda X, A: _finite(kernels.RBF()(X * 1e200)),
     ("kernels.RBF(lengthscale=1e300)", "huge lengthscale"): lambda X, A: _kernel_matrix_equal(
         kernels.RBF(2.0, 1e300), X, np.full((6, 6), 2.0)),
@@ -490,10 +516,18 @@ FUNCTION_CASES = {
         lambda: linalg.cholesky(np.full((2, 2), "x")), "A must be an array of real numbers"),
     ("linalg.cholesky", "sparse"): lambda X, A: _clean_error(
         lambda: linalg.cholesky(sp.csr_matrix(A)), "Sparse data was passed for A", TypeError),
-    ("linalg.cholesky", "float32, Fortran, strided"): lambda X, A: all(
+    ("linalg.cholesky", "float32, Fortran, strided, misaligned"): lambda X, A: all(
         np.array_equal(linalg.cholesky(Av), linalg.cholesky(np.asarray(Av, dtype=np.float64)))
-        for Av in (A.astype(np.float32), np.asfortranarray(A), np.repeat(A, 2, axis=0)[::2])
+        for Av in (A.astype(np.float32), np.asfortranarray(A), np.repeat(A, 2, axis=0)[::2],
+                   _misaligned(A))
     ) and GRACEFUL,
+    ("likelihoods.Bernoulli", "misaligned y, mu and var"): lambda X, A: all(
+        np.array_equal(u, v) for u, v in zip(
+            likelihoods.Bernoulli().variational_expectations(
+                _misaligned(np.array([0.0, 1.0, 1.0])), _misaligned(X[:3, 0]),
+                _misaligned(np.abs(X[:3, 1]))),
+            likelihoods.Bernoulli().variational_expectations(
+                np.array([0.0, 1.0, 1.0]), X[:3, 0].copy(), np.abs(X[:3, 1])))) and GRACEFUL,
     ("linalg.solve_lower", "B of the wrong length"): lambda X, A: _clean_error(
         lambda: linalg.solve_lower(np.linalg.cholesky(A), np.ones(5)), "B has 5 rows"),
     ("likelihoods.Gaussian", "NaN mean"): lambda X, A: _clean_error(
@@ -529,6 +563,17 @@ FUNCTION_CASES = {
     ("cvi.infer", "strings as Sigma"): lambda X, A: _clean_error(
         lambda: cvi.infer(np.full((2, 2), "x"), np.ones(2), cvi.LocalBound("poisson")),
         "Sigma must be an array of real numbers"),
+    ("cvi.infer", "misaligned Sigma, y, mean, alpha and lambda_"): lambda X, A: _same_inference(
+        cvi.infer(_misaligned(A), _misaligned(np.arange(6.0)), cvi.LocalBound("poisson"),
+                  mean=_misaligned(np.array([0.5])), alpha=_misaligned(np.zeros(6)),
+                  lambda_=_misaligned(np.ones(6))),
+        cvi.infer(A, np.arange(6.0), cvi.LocalBound("poisson"), mean=[0.5], alpha=np.zeros(6),
+                  lambda_=np.ones(6))),
+    ("svgp.SVGP", "misaligned Z, X and y"): lambda X, A: np.array_equal(
+        svgp.SVGP(kernels.RBF(), likelihoods.Gaussian(), _misaligned(X[:3])).elbo(
+            _misaligned(X), _misaligned(X[:, 0]))[0],
+        svgp.SVGP(kernels.RBF(), likelihoods.Gaussian(), X[:3].copy()).elbo(
+            X, X[:, 0].copy())[0]) and GRACEFUL,
     ("cvi.infer", "a negative count"): lambda X, A: _clean_error(
         lambda: cvi.infer(A, -np.ones(6), cvi.LocalBound("poisson")), r">= 0"),
     ("cvi.infer", "a local bound that is not one"): lambda X, A: _clean_error(

@@ -16,7 +16,16 @@ namespace pygpfast::bind {
 
 namespace py = pybind11;
 
-// The core takes float64 C-contiguous arrays without copying; anything else is refused
+// An array whose data do not start at a multiple of its item size (a view into a byte buffer
+// at an odd offset) is refused: reading it through a typed pointer is undefined behaviour.
+inline void check_aligned(const py::array& a, const char* name) {
+  if (!(a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_))
+    throw std::invalid_argument(std::string(name) +
+                                " must be aligned to its item size; copy it with "
+                                "numpy.require(a, requirements='CA')");
+}
+
+// The core takes float64 C-contiguous aligned arrays without copying; anything else is refused
 // with a ValueError that says how to convert (the public Python layer converts first).
 inline void check_float64_c(const py::array& a, const char* name) {
   if (!py::array_t<double>::check_(a))
@@ -25,6 +34,7 @@ inline void check_float64_c(const py::array& a, const char* name) {
   if (!(a.flags() & py::array::c_style))
     throw std::invalid_argument(std::string(name) +
                                 " must be C-contiguous; use numpy.ascontiguousarray");
+  check_aligned(a, name);
 }
 
 inline ConstMatrixView as_matrix(const py::array& a, const char* name) {
@@ -82,6 +92,7 @@ inline const std::int32_t* as_int32_vector(const py::array& a, const char* name)
   if (!(a.flags() & py::array::c_style))
     throw std::invalid_argument(std::string(name) +
                                 " must be C-contiguous; use numpy.ascontiguousarray");
+  check_aligned(a, name);
   if (a.ndim() != 1)
     throw std::invalid_argument(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) +
                                 "-D");

@@ -42,6 +42,7 @@ std::vector<index_t> as_indices(const py::array& a, const char* name) {
                                 std::string(py::str(a.dtype())));
   const auto c = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
   if (!c) throw std::invalid_argument(std::string(name) + " could not be converted to int64");
+  check_aligned(c, name);
   return std::vector<index_t>(c.data(), c.data() + c.shape(0));
 }
 

@@ -338,6 +338,7 @@ void bind_ivm_multiclass(py::module_& m) {
         if (C < 2) throw std::invalid_argument("pi must have C >= 2 columns");
         if (!py::array_t<std::int64_t>::check_(active) || active.ndim() != 1 || !(active.flags() & py::array::c_style))
           throw std::invalid_argument("active must be a 1-D C-contiguous int64 array");
+        check_aligned(active, "active");
         const index_t d = active.shape(0);
         if (piv.rows != d || bv.rows != d || bv.cols != C)
           throw std::invalid_argument("pi and b must be [d, C] with active [d]");

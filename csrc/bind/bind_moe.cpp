@@ -23,6 +23,7 @@ const index_t* as_index_vector(const py::array& a, const char* name) {
     throw std::invalid_argument(std::string(name) + " must have dtype int64, got " + std::string(py::str(a.dtype())));
   if (!(a.flags() & py::array::c_style))
     throw std::invalid_argument(std::string(name) + " must be C-contiguous; use numpy.ascontiguousarray");
+  check_aligned(a, name);
   if (a.ndim() != 1)
     throw std::invalid_argument(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) + "-D");
   return static_cast<const index_t*>(a.data());

@@ -6,7 +6,7 @@ import numpy as np
 from sklearn.utils import check_array
 from sklearn.utils.validation import validate_data
 
-__all__ = ["array_of_matrix", "as_matrix", "as_vector", "check_counts", "check_same_dim",
+__all__ = ["aligned", "array_of_matrix", "core_array", "as_matrix", "as_vector", "check_counts", "check_same_dim",
            "mean_and_std", "naming_conversion_errors", "power_of_two_unit", "validate_input"]
 
 #: The starts of numpy's and scikit-learn's messages for an input that is not real numbers
@@ -42,7 +42,25 @@ def validate_input(estimator, X, y="no_validation", **check_params):
     (1-D, finite) but not converted: numeric targets go through :func:`as_vector`, which
     names y."""
     with naming_conversion_errors("X"):
-        return validate_data(estimator, array_of_matrix(X), y, **check_params)
+        out = validate_data(estimator, array_of_matrix(X), y, **check_params)
+    if isinstance(out, tuple):
+        return (aligned(out[0]),) + out[1:]
+    return aligned(out)
+
+
+def core_array(a):
+    """`a` as the compiled core reads it: float64, C-contiguous and aligned (a copy only where
+    it is not already)."""
+    return aligned(np.ascontiguousarray(a, dtype=np.float64))
+
+
+def aligned(a):
+    """`a` itself, or (where its data do not start at a multiple of its item size, as in a
+    view into a byte buffer at an odd offset) an aligned copy of it in the same memory order.
+    The compiled core reads only aligned arrays: a misaligned load is undefined behaviour."""
+    if not isinstance(a, np.ndarray) or a.flags.aligned:
+        return a
+    return np.require(a, requirements="A")
 
 
 def array_of_matrix(X):
@@ -61,7 +79,7 @@ def as_matrix(X, name="X", *, allow_empty=False):
     A 1-D input is refused (reshape it to [N, 1] or [1, D]) as in scikit-learn.
     """
     with naming_conversion_errors(name):
-        return check_array(
+        return aligned(check_array(
             X,
             dtype=np.float64,
             order="C",
@@ -70,7 +88,7 @@ def as_matrix(X, name="X", *, allow_empty=False):
             ensure_min_samples=0 if allow_empty else 1,
             ensure_min_features=1,
             input_name=name,
-        )
+        ))
 
 
 def as_vector(v, name, *, size=None, allow_empty=False):
@@ -90,7 +108,7 @@ def as_vector(v, name, *, size=None, allow_empty=False):
     bad = np.flatnonzero(~np.isfinite(v))
     if bad.size:
         raise ValueError(f"{name} contains NaN or infinity: {name}[{bad[0]}] = {v[bad[0]]}")
-    return np.ascontiguousarray(v)
+    return core_array(v)
 
 
 def check_same_dim(X, X2, name="X2"):

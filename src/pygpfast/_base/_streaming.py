@@ -19,7 +19,7 @@ minibatches. Memory: one buffer (its float64 rows and targets), whatever the dat
 import numpy as np
 from sklearn.utils import check_array
 
-from .._validation import naming_conversion_errors
+from .._validation import core_array, naming_conversion_errors
 
 __all__ = ["BUFFER_BYTES", "CHUNK_ROWS", "check_rows", "iter_blocks", "minibatches"]
 
@@ -44,7 +44,7 @@ def iter_blocks(X, rows=None):
     n = X.shape[0]
     rows = block_rows(X.shape[1]) if rows is None else rows
     for start in range(0, n, rows):
-        yield start, np.ascontiguousarray(X[start : start + rows], dtype=np.float64)
+        yield start, core_array(X[start : start + rows])
 
 
 def check_rows(X, name="X", estimator=None):

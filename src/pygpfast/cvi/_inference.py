@@ -51,7 +51,7 @@ import numpy as np
 from .. import _core
 from .._base._optimize import lbfgs
 from .._base._params import check_int
-from .._validation import naming_conversion_errors
+from .._validation import core_array, naming_conversion_errors
 from ..piecewise import llp_bound
 
 __all__ = ["LocalBound", "InferenceResult", "infer", "oa_objective"]
@@ -110,7 +110,7 @@ class LocalBound:
                 raise ValueError(f"thresholds must have {self.n_classes - 1} entries")
             if not (np.all(np.isfinite(thresholds)) and np.all(np.diff(thresholds) > 0)):
                 raise ValueError("thresholds must be finite and strictly increasing")
-            self.thresholds = np.ascontiguousarray(thresholds)
+            self.thresholds = core_array(thresholds)
         else:
             self.thresholds = np.zeros(0)
 
@@ -145,11 +145,11 @@ class LocalBound:
         dthresholds : ndarray [K - 1]
             sum over points of d f_b / d phi (ordinal; empty otherwise).
         """
-        y = np.ascontiguousarray(y, dtype=np.float64)
+        y = core_array(y)
         m = np.atleast_2d(np.asarray(m, dtype=np.float64))
         v = np.atleast_2d(np.asarray(v, dtype=np.float64))
-        return _core.cvi.local_bounds(*self._core_args(), y, m=np.ascontiguousarray(m),
-                                      v=np.ascontiguousarray(v))
+        return _core.cvi.local_bounds(*self._core_args(), y, m=core_array(m),
+                                      v=core_array(v))
 
     def __repr__(self):
         extra = f", n_classes={self.n_classes}" if self.n_classes else ""
@@ -196,14 +196,14 @@ def _check_sigma(Sigma):
     symmetric to rounding (the core reads both triangles); asymmetry within rounding is
     averaged out."""
     with naming_conversion_errors("Sigma"):
-        Sigma = np.ascontiguousarray(Sigma, dtype=np.float64)
+        Sigma = core_array(Sigma)
     if Sigma.ndim != 2 or Sigma.shape[0] != Sigma.shape[1] or Sigma.shape[0] == 0:
         raise ValueError(f"Sigma must be a non-empty square matrix, got shape {Sigma.shape}")
     if not np.array_equal(Sigma, Sigma.T):  # (NaN fails here too, and the core names it)
         gap = np.max(np.abs(Sigma - Sigma.T))
         if gap > 1e-10 * np.max(np.abs(Sigma)):
             raise ValueError(f"Sigma must be symmetric, got |Sigma - Sigma^T| up to {gap:.3g}")
-        Sigma = np.ascontiguousarray(0.5 * (Sigma + Sigma.T))
+        Sigma = core_array(0.5 * (Sigma + Sigma.T))
     return Sigma
 
 
@@ -219,13 +219,13 @@ def _latent_array(x, L, N, name, default=0.0):
         raise ValueError(f"{name} must be [{N}, {L}], got {x.shape}")
     if not np.all(np.isfinite(x)):
         raise ValueError(f"{name} contains NaN or infinity")
-    return np.ascontiguousarray(x.T)
+    return core_array(x.T)
 
 
 def _mean_vector(mean, L):
     if mean is None:
         return np.zeros(L)
-    mean = np.ascontiguousarray(np.atleast_1d(np.asarray(mean, dtype=np.float64)))
+    mean = core_array(np.atleast_1d(np.asarray(mean, dtype=np.float64)))
     if mean.shape != (L,):
         raise ValueError(f"mean must have {L} entries (one per latent function)")
     return mean
@@ -286,7 +286,7 @@ def infer(Sigma, y, local_bound, *, mean=None, alpha=None, lambda_=None, method=
     Sigma = _check_sigma(Sigma)
     N, L = Sigma.shape[0], local_bound.n_latent
     with naming_conversion_errors("y"):
-        y = np.ascontiguousarray(y, dtype=np.float64)
+        y = core_array(y)
     if y.shape != (N,):
         raise ValueError(f"y must have {N} entries, got shape {y.shape}")
     mean = _mean_vector(mean, L)
@@ -328,7 +328,7 @@ def oa_objective(Sigma, y, local_bound, alpha, lambda_, *, mean=None):
     Sigma = _check_sigma(Sigma)
     N, L = Sigma.shape[0], local_bound.n_latent
     with naming_conversion_errors("y"):
-        y = np.ascontiguousarray(y, dtype=np.float64)
+        y = core_array(y)
     value, da, dl, _, _ = _core.cvi.oa_objective(
         *local_bound._core_args(), y, Sigma,
         mean=_mean_vector(mean, L), alpha=_latent_array(alpha, L, N, "alpha"),
@@ -356,8 +356,8 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
     def objective(x):
         value, grad = -np.inf, None
         if np.isfinite(x).all():  # (a step from a gradient near overflow need not be)
-            a = np.ascontiguousarray(x[: L * N].reshape(L, N))
-            lam = np.ascontiguousarray(x[L * N:].reshape(L, N))
+            a = core_array(x[: L * N].reshape(L, N))
+            lam = core_array(x[L * N:].reshape(L, N))
             value, da, dl, flops, evals = _core.cvi.oa_objective(*args, y, Sigma, mean=mean,
                                                                  alpha=a, lambda_=lam)
             state["flops"] += flops + _LBFGS_FLOPS_PER_COORDINATE * x.size
@@ -392,8 +392,8 @@ def _infer_oa(Sigma, y, lb, mean, alpha, lambda_, max_iter, tol):
         value = state["value"]
     else:
         value = _core.cvi.oa_objective(
-            *args, y, Sigma, mean=mean, alpha=np.ascontiguousarray(x[: L * N].reshape(L, N)),
-            lambda_=np.ascontiguousarray(x[L * N:].reshape(L, N)))[0]
+            *args, y, Sigma, mean=mean, alpha=core_array(x[: L * N].reshape(L, N)),
+            lambda_=core_array(x[L * N:].reshape(L, N)))[0]
     info = {"bound": value, "iterations": res.n_iter, "converged": res.converged,
             "flops": state["flops"], "bound_evaluations": state["evals"],
             "function_evaluations": res.n_evaluations, "message": res.message,

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from .._validation import aligned
 from . import _engine
 
 
@@ -67,24 +68,18 @@ def _log_weight(result):
     return result["log_weight"]
 
 
-def _aligned(a):
-    """`a`, or an aligned C-contiguous copy of it. An array unpickled from a Dask message can
-    start at any byte of the message's buffer, and the compiled core reads only aligned arrays
-    (a misaligned load is undefined behaviour; UBSan found the kernel codes misaligned on a
-    worker)."""
-    return np.require(a, requirements="CA")
-
-
 def _fit_chunk(X, Xs, y, cfg, samples):
-    """:func:`._engine.fit_chunk` on a worker, on aligned arrays."""
-    cfg = dataclasses.replace(cfg, codes=_aligned(cfg.codes), params0=_aligned(cfg.params0),
-                              lower=_aligned(cfg.lower), upper=_aligned(cfg.upper))
-    return _engine.fit_chunk(_aligned(X), _aligned(Xs), _aligned(y), cfg, samples)
+    """:func:`._engine.fit_chunk` on a worker, on aligned arrays (an array unpickled from a
+    Dask message can start at any byte of the message's buffer, and the compiled core reads
+    only aligned arrays: UBSan found the kernel codes misaligned on a worker)."""
+    cfg = dataclasses.replace(cfg, codes=aligned(cfg.codes), params0=aligned(cfg.params0),
+                              lower=aligned(cfg.lower), upper=aligned(cfg.upper))
+    return _engine.fit_chunk(aligned(X), aligned(Xs), aligned(y), cfg, samples)
 
 
 def _received(state):
     """A chunk's state as it came back, its arrays aligned."""
-    return {k: _aligned(v) if isinstance(v, np.ndarray) else v for k, v in state.items()}
+    return {k: aligned(v) if isinstance(v, np.ndarray) else v for k, v in state.items()}
 
 
 def cluster_failure(exc, client, who):

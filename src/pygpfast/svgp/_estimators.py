@@ -21,7 +21,8 @@ from .._base import _docs, _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._params import (BOOL, COMMON, NONE, Interval, Kind, Options, check_int,
                              check_params)
-from .._validation import as_matrix, as_vector, check_counts, check_same_dim, power_of_two_unit
+from .._validation import (as_matrix, as_vector, check_counts, check_same_dim, core_array,
+                           power_of_two_unit)
 from ..exceptions import JitterReport, warn_at_caller
 from . import _mf
 from ._model import SVGP
@@ -280,7 +281,7 @@ class _SVGPEstimator(GPEstimator):
     def _fit_model(self, model, X, t, optimizer):
         """Fit `model` by the method and the (resolved) optimizer."""
         if self.method == "mf":
-            self._fit_mf(model, np.ascontiguousarray(X, dtype=np.float64), t)
+            self._fit_mf(model, core_array(X), t)
         else:
             self._fit_kl(model, X, t, optimizer)
         self.log_prior_ = self._log_prior(self.model_)
@@ -296,7 +297,7 @@ class _SVGPEstimator(GPEstimator):
         N = X.shape[0]
         self.optimizer_ = optimizer
         if optimizer == "lbfgs":
-            X = np.ascontiguousarray(X, dtype=np.float64)
+            X = core_array(X)
             self.n_iter_, problem = fit_lbfgs(
                 model, X, t, train_Z=self.train_inducing, train_hyper=self.optimize_hyperparameters,
                 max_iter=self._max_iter("lbfgs"), tol=self.tol, report=self._report_step,

@@ -6,7 +6,7 @@ import numpy as np
 from scipy.linalg import cho_solve
 
 from .. import _core
-from .._validation import as_matrix
+from .._validation import as_matrix, core_array
 from ..exceptions import warn_at_caller, warn_inducing_jitter
 
 __all__ = ["SVGP"]
@@ -75,8 +75,9 @@ class SVGP:
 
         Parameters
         ----------
-        X : ndarray [B, D], float64 C-contiguous
-        y : ndarray [B]
+        X : array_like [B, D]
+            float64 C-contiguous aligned rows are used as they are, anything else converted.
+        y : array_like [B]
         scale : float
             N / B, so that the batch estimates the full-data ELBO.
         with_grad : bool
@@ -102,7 +103,8 @@ class SVGP:
         (codes, params), lik = self.core_hyper() if hyper is None else hyper
         value, _, _, extra, g = _core.svgp.elbo(
             codes, params, *lik, Z=self.Z, q_mu=self.q_mu, q_sqrt=self.q_sqrt,
-            whiten=self.whiten, X=X, y=y, scale=float(scale), jitter=self.jitter,
+            whiten=self.whiten, X=core_array(X), y=core_array(y), scale=float(scale),
+            jitter=self.jitter,
             with_grad=bool(with_grad), natural=bool(natural), prior_mean=self.prior_mean,
         )
         self._warn_jitter(extra, codes, params)
@@ -153,7 +155,8 @@ class SVGP:
         """Mean and variance of q(f) at Xnew [T, D]: [T] each (L = 1) or [T, L]; O(M^2) per point."""
         codes, params = self.kernel._spec(self.Z.shape[1])
         mean, var, extra = _core.svgp.predict_f(
-            codes, params, Z=self.Z, q_mu=self.q_mu, q_sqrt=self.q_sqrt, whiten=self.whiten, Xnew=Xnew, jitter=self.jitter,
+            codes, params, Z=self.Z, q_mu=self.q_mu, q_sqrt=self.q_sqrt, whiten=self.whiten, Xnew=core_array(Xnew),
+            jitter=self.jitter,
             prior_mean=self.prior_mean,
         )
         self._warn_jitter(extra, codes, params)
