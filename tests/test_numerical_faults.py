@@ -4,6 +4,7 @@ fail with a message that says what to change, stochastic fits that detect their 
 and the Opper-Archambeau baseline's report of how far it stopped from its optimum."""
 
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -370,6 +371,28 @@ def test_huge_kernel_variances_fail_with_what_to_change(make, variance, match):
         est.fit(X, y)
 
 
+@pytest.mark.parametrize("variance", [1e9, 1e10, 1e20, 1e300])
+@pytest.mark.parametrize("method", ["fixed-point", "opper-archambeau"])
+def test_cvi_never_returns_a_bound_that_lost_its_digits(variance, method):
+    # Binary labels: the bound is E_q[log p(y | f)] - KL(q || p) <= 0. At prior variances of
+    # 1e9 to 1e300, V = (Sigma^-1 + Lambda)^-1 lost its digits and infer returned bounds of
+    # +1.6e18, +9.7e16 and +3.5e300 (KL(q || p) computed at -1.6e18 ...), without a warning.
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2.0, 2.0, (60, 2))
+    y = (np.sin(2.0 * X[:, 0]) > 0).astype(float)
+    K = pygpfast.kernels.RBF(variance=variance)(X)
+    try:
+        r = pygpfast.cvi.infer(K, y, LocalBound("logit"), method=method)
+    except pygpfast.LinAlgError as e:
+        assert re.search(r"the bound lost its digits: KL\(q \|\| p\) of latent function 0 came "
+                         r"out at -\S+ \(it is >= 0; .* use a kernel of smaller variance", str(e))
+    except ValueError as e:  # (the Opper-Archambeau start overflows beyond about 1e200)
+        assert method == "opper-archambeau" and variance > 1e100
+        assert "the prior variance is too large" in str(e)
+    else:
+        assert r.bound < 0.0 and np.isfinite(r.bound)
+
+
 def test_poisson_predictions_that_overflow_float64_are_inf_with_a_warning():
     # E[exp f] = exp(mu + var / 2) past 1.8e308 is inf, never NaN, and says where it came from
     with pytest.warns(NumericalWarning, match=r"overflows float64 at 2 of 4 points \(latent "
@@ -440,8 +463,6 @@ def test_a_diverging_stochastic_fit_is_reported_and_keeps_its_best_parameters(ma
 def test_opper_archambeau_says_how_far_below_the_optimum_it_stopped():
     # Before: "did not converge in inner_max_iter=200 iterations; increase it or tol", with no
     # word of how far (750 points of banana, RBF(1, 1): 0.066 below the optimum, 2.2e-4 relative).
-    import re
-
     X, y = _binary(80, seed=3)
     kw = dict(kernel=pygpfast.kernels.RBF(variance=4.0, lengthscale=1.0),
               optimize_hyperparameters=False)

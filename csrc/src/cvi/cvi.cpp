@@ -211,10 +211,9 @@ double oa_objective(const LocalBound& lb, const double* y, ConstMatrixView Sigma
   double value = fixed_order_sum(f.data(), N);
   Buffer r(N);
   for (index_t l = 0; l < L; ++l) {
-    const double *a = alpha + l * N, *lam = lambda + l * N, *ml = m.data() + l * N;
-    double s = -logdet[l];
-    for (index_t n = 0; n < N; ++n) s += lam[n] * v[l * N + n] - a[n] * (ml[n] - mean[l]);
-    value += 0.5 * s;
+    const double *a = alpha + l * N, *lam = lambda + l * N;
+    value += detail::minus_kl(Sigma, l, N, logdet[l], lam, v.data() + l * N, a,
+                              m.data() + l * N, mean[l]);
     if (dalpha != nullptr) {
       for (index_t n = 0; n < N; ++n) r[n] = dm[l * N + n] - a[n];
       blas::symv(Uplo::Lower, 1.0, Sigma, r.data(), 0.0, dalpha + l * N);

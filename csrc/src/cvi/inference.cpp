@@ -87,6 +87,29 @@ std::string not_positive_definite_hint(ConstMatrixView Sigma, const double* weig
   return os.str();
 }
 
+double minus_kl(ConstMatrixView Sigma, index_t l, index_t N, double logdet, const double* lambda,
+                const double* v, const double* alpha, const double* m, double mean) {
+  double trace = 0.0, quadratic = 0.0, size = 0.0;
+  for (index_t n = 0; n < N; ++n) {
+    trace += lambda[n] * v[n];
+    quadratic += alpha[n] * (m[n] - mean);
+    size += std::fabs(lambda[n] * v[n]) + std::fabs(alpha[n] * (m[n] - mean));
+  }
+  const double kl = 0.5 * (logdet - trace + quadratic);
+  size = 0.5 * (size + std::fabs(logdet));
+  if (kl < -1e-6 * size) {
+    std::ostringstream os;
+    os.precision(3);
+    os << "the bound lost its digits: KL(q || p) of latent function " << l << " came out at "
+       << kl << " (it is >= 0; its terms are of size " << size
+       << "), as V = (Sigma^-1 + Lambda)^-1 lost its precision at this kernel's scale: "
+       << not_positive_definite_hint(Sigma, lambda, false)
+       << ", or use a kernel of smaller variance";
+    throw LinAlgError("cvi", static_cast<int>(l + 1), os.str());
+  }
+  return -kl;
+}
+
 void factor_b(ConstMatrixView Sigma, const double* s, MatrixView B, bool jitter, Counter& count) {
   const index_t N = Sigma.rows;
   for (index_t i = 0; i < N; ++i) {
@@ -342,13 +365,10 @@ double Inference::evaluate() {
   for (std::size_t i = 0; i < state_.m.size(); ++i)
     residual[i] = state_.lambda[i] + 2.0 * state_.dv[i];
   double bound = fixed_order_sum(state_.f.data(), N);
-  for (index_t l = 0; l < L; ++l) {
-    const double *a = state_.alpha + l * N, *lam = state_.lambda + l * N;
-    const double *m = state_.m.data() + l * N, *v = state_.v.data() + l * N;
-    double s = -state_.logdet[l];
-    for (index_t n = 0; n < N; ++n) s += lam[n] * v[n] - a[n] * (m[n] - state_.mean[l]);
-    bound += 0.5 * s;
-  }
+  for (index_t l = 0; l < L; ++l)
+    bound += minus_kl(state_.Sigma, l, N, state_.logdet[l], state_.lambda + l * N,
+                      state_.v.data() + l * N, state_.alpha + l * N, state_.m.data() + l * N,
+                      state_.mean[l]);
   return bound;
 }
 

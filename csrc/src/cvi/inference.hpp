@@ -36,6 +36,14 @@ void check_sigma(ConstMatrixView Sigma);
 // from the largest lambda_i Sigma_ii (lambda_i = weight[i]^2 when `squared`, else weight[i]).
 std::string not_positive_definite_hint(ConstMatrixView Sigma, const double* weight, bool squared);
 
+// -KL(q_l || p_l) for latent function l from its sites: 1/2 [-log|I + Lambda Sigma| + lambda . v
+// - alpha . (m - mean)] (logdet = log|I + Lambda Sigma|, v = diag V, m = mean + Sigma alpha).
+// The KL is >= 0 exactly; where it comes out negative beyond rounding (1e-6 of its terms' size)
+// V has lost its digits (a kernel matrix too ill-conditioned at its scale), and the bound is
+// meaningless (it was positive for binary labels): LinAlgError.
+double minus_kl(ConstMatrixView Sigma, index_t l, index_t N, double logdet, const double* lambda,
+                const double* v, const double* alpha, const double* m, double mean);
+
 // B = I + diag(s) Sigma diag(s) (lower triangle) and its lower Cholesky factor in place, with
 // its flops counted. B >= I when Sigma is positive semi-definite; with `jitter` a B that
 // rounding made indefinite is factorised with jitter (fine for a Newton direction, which the
