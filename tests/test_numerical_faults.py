@@ -459,6 +459,40 @@ def test_a_diverging_stochastic_fit_is_reported_and_keeps_its_best_parameters(ma
     assert healthy.objective_ > est.objective_
 
 
+@pytest.mark.parametrize("make,task", [
+    (lambda **kw: pygpfast.SVGPClassifier(optimizer="adam", **kw), "binary"),
+    (lambda **kw: pygpfast.SVGPClassifier(optimizer="natgrad", **kw), "binary"),
+    (lambda **kw: pygpfast.SVGPClassifier(optimizer="adadelta", **kw), "binary"),
+    (lambda **kw: pygpfast.SVGPRegressor(likelihood="poisson", optimizer="adam", **kw), "counts"),
+], ids=["adam", "natgrad", "adadelta", "poisson-adam"])
+def test_a_diverging_partial_fit_pass_is_undone_and_reported(make, task):
+    # (Before: five passes at learning_rate=1e3 left an ELBO of -1.9e5 per row, no warning.)
+    X, y = _binary()
+    if task == "counts":
+        y = np.random.default_rng(1).poisson(np.exp(1.0 + np.sin(2.0 * X[:, 0]))).astype(float)
+    kw = dict(classes=[0, 1]) if task == "binary" else {}
+    est = make(learning_rate=1e3, n_inducing=20, random_state=0)
+    for call in (1, 2):
+        before = (est.model_.q_mu, est.model_.q_sqrt, est.model_.Z,
+                  est.model_.kernel.theta.copy()) if call == 2 else None
+        with pytest.warns(ConvergenceWarning, match=rf"diverged in partial_fit's pass {call}: .* "
+                                                    r"the parameters from before the call are "
+                                                    r"kept.* reduce learning_rate") as rec:
+            est.partial_fit(X, y, **kw)
+        assert sum("diverged" in str(w.message) for w in rec) == 1
+        if before is not None:
+            after = (est.model_.q_mu, est.model_.q_sqrt, est.model_.Z, est.model_.kernel.theta)
+            assert all(np.array_equal(u, v) for u, v in zip(before, after))
+        out = est.predict_proba(X) if is_classifier(est) else est.predict(X, return_std=True)
+        assert _all_finite(*np.atleast_2d(out))
+    # at the default step size the same passes do not warn
+    healthy = make(n_inducing=20, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            healthy.partial_fit(X, y, **kw)
+
+
 # ---------------------------------------------------------------- the Opper-Archambeau baseline
 def test_opper_archambeau_says_how_far_below_the_optimum_it_stopped():
     # Before: "did not converge in inner_max_iter=200 iterations; increase it or tol", with no

@@ -480,7 +480,10 @@ class _SVGPEstimator(GPEstimator):
         (fit's plateau rule, see tol); it continues at the step size a preceding fit reached.
         A call that raises (a callback's exception or a KeyboardInterrupt included) leaves the
         estimator as it was before the call (unfitted before the first), so that the chunk
-        can be passed again.
+        can be passed again. A pass that diverges (fit's test, see ``learning_rate``: its mean
+        ELBO per row far below its first minibatch's, or one step moving a log hyperparameter
+        by more than log 1000) is undone with a ConvergenceWarning: the parameters from before
+        the call are kept and the optimiser starts afresh at the next call.
 
         Parameters
         ----------
@@ -586,17 +589,41 @@ class _SVGPEstimator(GPEstimator):
         B = self._batch_size(n)
         t0 = time.perf_counter()
         steps = -(-n // B)
+        kept = self._snapshot()
         elbo, rows = self._trainer.run(minibatches(X, t, B, self._rng), steps, self.n_total_)
         self.n_iter_ += 1
         self.n_steps_ += steps
         self._report_step(self.n_iter_, elbo, rows / max(time.perf_counter() - t0, 1e-12))
         self._end_reporting()
+        self._check_pass(elbo, kept)
         self.log_prior_ = self._log_prior(self.model_)
         if first:  # (the start, on the first chunk: minibatch steps cannot search again)
             found = self._diagnose(_start.diagnosis_sample(X), start, False)
             if found is not None:
                 found.warn(stacklevel=3, suffix="; partial_fit checks its first chunk only")
         return self
+
+    def _check_pass(self, elbo, kept):
+        """partial_fit's divergence check, fit's (see _run_epochs) on one pass: the pass's mean
+        minibatch ELBO against its first minibatch's (at the parameters the call started from),
+        per row of n_total_, and the largest step. A diverged pass is undone: the parameters
+        `kept` are restored, and the optimiser, whose moments came from the diverged steps,
+        starts afresh at the next call."""
+        trainer, N = self._trainer, self.n_total_
+        first = trainer.first_value
+        fell = not elbo / N >= first / N - self._DIVERGENCE * max(1.0, abs(first) / N)
+        if not fell and trainer.largest_move <= self._MAX_MOVE:
+            return
+        what = (f"the ELBO per row fell to {elbo / N:.4g} from {first / N:.4g} at its first "
+                "minibatch" if fell else
+                f"one step moved a log hyperparameter or inducing input by {trainer.largest_move:.3g}")
+        warn_at_caller(
+            f"SVGP ({self.optimizer_}) diverged in partial_fit's pass {self.n_iter_}: {what}; the "
+            "parameters from before the call are kept, and the optimiser starts afresh at the "
+            f"next call. The steps are too large: reduce learning_rate ({trainer.opt.lr:g} here)"
+            + (" or natgrad_step" if trainer.natural else ""), ConvergenceWarning)
+        self._restore(kept)
+        self._trainer = None
 
     #: What partial_fit reads only when it starts the model (the first call) or the optimiser
     #: (the first call, or the first after a fit); it reads the other parameters at every call.

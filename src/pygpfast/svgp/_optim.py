@@ -421,6 +421,9 @@ class StochasticTrainer:
     #: The largest change of one packed coordinate (a log hyperparameter, a coordinate of Z in
     #: units of its column's spread, of q in its prior's) in one step of the last :meth:`run`.
     largest_move = 0.0
+    #: The ELBO estimate of the first minibatch of the last :meth:`run`, at the parameters it
+    #: started from.
+    first_value = -np.inf
 
     def __init__(self, model, *, optimizer, learning_rate, natgrad_step=None, train_Z=True,
                  train_hyper=True):
@@ -458,6 +461,8 @@ class StochasticTrainer:
             X_b, t_b = next(batches)
             value, g = model.elbo(X_b, t_b, scale=n_total / X_b.shape[0], with_grad=True,
                                   natural=self.natural, hyper=hyper)
+            if rows == 0:
+                self.first_value = value
             if not (np.isfinite(value) and all(np.isfinite(v).all() for v in g.values())):
                 total, rows = -np.inf, rows + X_b.shape[0]
                 break
