@@ -43,6 +43,22 @@ int threads_for_blas_calls(index_t items, index_t min_per_thread);
 bool enter_one_blas_thread();
 void leave_one_blas_thread();
 
+// The BLAS on one thread while it exists (enter_one_blas_thread/leave_one_blas_thread), the
+// core's OpenMP loops on their usual count: for code whose BLAS calls are too short to pay for
+// the BLAS's threads on a shared machine, whose per-point loops are not.
+class OneBlasThreadScope {
+ public:
+  OneBlasThreadScope() : entered_(enter_one_blas_thread()) {}
+  ~OneBlasThreadScope() {
+    if (entered_) leave_one_blas_thread();
+  }
+  OneBlasThreadScope(const OneBlasThreadScope&) = delete;
+  OneBlasThreadScope& operator=(const OneBlasThreadScope&) = delete;
+
+ private:
+  bool entered_;
+};
+
 // The BLAS's thread count, or 0 where it cannot be read.
 int blas_threads();
 

@@ -135,6 +135,7 @@ void multiclass_predict(const ClassKernels& kernels, int C, ConstMatrixView XI, 
   for (int c = 0; c < C; ++c) require(std::isfinite(beta[c]), "beta must be finite");
   const index_t d = XI.rows, T = Xnew.rows;
   check_sites(C, d, pi, b);
+  const OneBlasThreadScope blas_on_one_thread;  // (as in multiclass_select: why there)
   const Representation rep = build_representation(kernels, C, XI, pi, b);
   // q2: where q has negative weights, the product rule for a point whose probabilities by q leave (0, 1).
   Cubature q, q2;
@@ -222,6 +223,7 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
     for (std::size_t k = 0; k < nk; ++k) std::fill((*d_kernel)[k], (*d_kernel)[k] + kernels[k]->num_params(), 0.0);
   }
   const Cubature q = make_cubature(rule, C);
+  const OneBlasThreadScope blas_on_one_thread;  // (as in multiclass_select: why there)
   const index_t D = X.cols, CC = static_cast<index_t>(C) * C;
   Vec XIv = zeros(d * D);
   for (index_t k = 0; k < d; ++k) std::copy(X.row(active[k]), X.row(active[k]) + D, XIv.data() + k * D);

@@ -359,6 +359,13 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
   }
   for (int c = 0; c < C; ++c) require(std::isfinite(beta[c]), "beta must be finite");
 
+  // The BLAS on one thread: the IVM's BLAS calls are GEMV/TRSV/TRSM on d x n stubs and d x d
+  // factors (d of a few hundred), too short to pay for the BLAS's threads, whose spinning on a
+  // shared machine competes with the per-point loops' OpenMP threads. Measured on the 2-core
+  // machine with one core taken: train5's shape (n = 800, d = 150, C = 5) with 10 L-BFGS-B
+  // iterations fitted in 16.7 s with the BLAS on 2 threads, 5.3 s on one (its 14 bound
+  // evaluations 13.1 s against 1.8 s). multiclass_bound and multiclass_predict do the same.
+  const OneBlasThreadScope blas_on_one_thread;
   const Cubature primary = make_cubature(opt.rule, C);
   Cubature fallback_rule;
   const Cubature* fallback = nullptr;
