@@ -89,14 +89,13 @@ std::string not_positive_definite_hint(ConstMatrixView Sigma, const double* weig
 
 double minus_kl(ConstMatrixView Sigma, index_t l, index_t N, double logdet, const double* lambda,
                 const double* v, const double* alpha, const double* m, double mean) {
-  double trace = 0.0, quadratic = 0.0, size = 0.0;
+  double s = -logdet, size = std::fabs(logdet);
   for (index_t n = 0; n < N; ++n) {
-    trace += lambda[n] * v[n];
-    quadratic += alpha[n] * (m[n] - mean);
+    s += lambda[n] * v[n] - alpha[n] * (m[n] - mean);
     size += std::fabs(lambda[n] * v[n]) + std::fabs(alpha[n] * (m[n] - mean));
   }
-  const double kl = 0.5 * (logdet - trace + quadratic);
-  size = 0.5 * (size + std::fabs(logdet));
+  const double kl = -0.5 * s;
+  size *= 0.5;
   if (kl < -1e-6 * size) {
     std::ostringstream os;
     os.precision(3);
@@ -107,7 +106,7 @@ double minus_kl(ConstMatrixView Sigma, index_t l, index_t N, double logdet, cons
        << ", or use a kernel of smaller variance";
     throw LinAlgError("cvi", static_cast<int>(l + 1), os.str());
   }
-  return -kl;
+  return 0.5 * s;
 }
 
 void factor_b(ConstMatrixView Sigma, const double* s, MatrixView B, bool jitter, Counter& count) {
