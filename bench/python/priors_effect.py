@@ -62,6 +62,20 @@ def nlpd(p1, y):
     return float(-np.mean(np.where(y == 1, np.log(p1), np.log1p(-p1))))
 
 
+def default_start(Xtr):
+    """Where the search of a default estimator (kernel=None, random_state=0) starts on the
+    training inputs Xtr [N, D]: the default kernel, the first use of random_state=0."""
+    return _start.default_kernel(Xtr, check_random_state(0), 1.0)
+
+
+def at_bound(kernel, start):
+    """How many log hyperparameters of the fitted `kernel` ended within 0.01 of the optimiser's
+    box around `start` (the kernel the search started from; hyper_bounds)."""
+    lo, hi = hyper_bounds(start.theta)
+    theta = kernel.theta
+    return int(np.sum((theta - lo < 0.01) | (hi - theta < 0.01)))
+
+
 def one_fit(make, Xtr, ytr, Xte, yte):
     est = make()
     t0 = time.perf_counter()
@@ -71,12 +85,7 @@ def one_fit(make, Xtr, ytr, Xte, yte):
     fit_s = time.perf_counter() - t0
     p1 = est.predict_proba(Xte)[:, 1]
     kernel = est.kernel_
-    # The start of the search (kernel=None: the default kernel, the first use of random_state=0)
-    # and the box around it.
-    start = _start.default_kernel(Xtr, check_random_state(0), 1.0)
-    lo, hi = hyper_bounds(start.theta)
-    theta = kernel.theta
-    at_bound = int(np.sum((theta - lo < 0.01) | (hi - theta < 0.01)))
+    start = default_start(Xtr)
     return {
         "nlpd": nlpd(p1, yte),
         "accuracy": float(np.mean((p1 > 0.5) == (yte == 1))),
@@ -88,8 +97,8 @@ def one_fit(make, Xtr, ytr, Xte, yte):
         "lengthscale_median": float(np.median(kernel.lengthscale)),
         "lengthscale_max": float(np.max(kernel.lengthscale)),
         "start_lengthscale_median": float(np.median(start.lengthscale)),
-        "at_bound": at_bound,
-        "n_params": int(theta.size),
+        "at_bound": at_bound(kernel, start),
+        "n_params": int(kernel.theta.size),
         "restart": None if est.restart_ is None else est.restart_["kept"],
         "warnings": sorted({f"{w.category.__name__}: {str(w.message)[:80]}" for w in caught}),
     }
