@@ -6,8 +6,9 @@ import numpy as np
 from sklearn.utils import check_array
 from sklearn.utils.validation import validate_data
 
-__all__ = ["aligned", "array_of_matrix", "core_array", "as_matrix", "as_vector", "check_counts", "check_same_dim",
-           "mean_and_std", "naming_conversion_errors", "power_of_two_unit", "validate_input"]
+__all__ = ["aligned", "array_of_matrix", "as_matrix", "as_vector", "check_counts", "check_same_dim",
+           "core_array", "mean_and_std", "naming_conversion_errors", "power_of_two_unit",
+           "validate_input"]
 
 #: The starts of numpy's and scikit-learn's messages for an input that is not real numbers
 #: (strings, complex numbers, ragged sequences); they do not say which argument they are about.
