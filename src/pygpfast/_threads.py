@@ -55,18 +55,10 @@ def set_num_threads(n=None):
 def one_blas_thread():
     """The BLAS on one thread within the block (a scope of the core's enter_one_blas_thread,
     counted process-wide with the core's own, so that the count from before the first scope is
-    the one restored after the last). Where the core cannot set the BLAS's count (OpenBLAS
-    before 0.3.27, as at the dependency floors), threadpoolctl sets it process-wide instead,
-    not counted: the core's own per-call scopes do nothing there, and a block of the core's
-    calls run by OpenMP threads, each calling a BLAS on its own threads, rounded differently on
-    one and two threads (an IS-MOE probit fit: objectives 1.3e-4 apart)."""
+    the one restored after the last)."""
     entered = _core.threads.enter_one_blas_thread()
     try:
-        if entered:
-            yield
-        else:
-            with threadpool_limits(limits=1, user_api="blas"):
-                yield
+        yield
     finally:
         if entered:
             _core.threads.leave_one_blas_thread()
