@@ -30,8 +30,7 @@ A hyperparameter whose prior the user set (``kernel.priors``, None for flat incl
 import numpy as np
 
 from ..priors import LogNormal
-from . import _diagnose
-from ._start import dimension_spread, stationary_leaves
+from ._start import reference_lengthscale, stationary_leaves
 
 #: Standard deviation of log l (Hvarfner, Hellsten & Nardi 2024).
 LENGTHSCALE_SCALE = float(np.sqrt(3.0))
@@ -43,16 +42,6 @@ LENGTHSCALE_OFFSET = float(np.sqrt(2.0) - 3.0 - np.log(UNIT_CUBE_MEDIAN))
 VARIANCE_SCALE = float(np.sqrt(3.0))
 #: The noise variance's centre relative to the latent scale.
 NOISE_FRACTION = 0.1
-
-
-def reference_lengthscale(X, max_rows=1000, pairs=200):
-    """m_d sqrt(D) [D]: :func:`pygpfast._base._start.dimension_spread` over `max_rows` x `pairs`
-    pairs of evenly spaced rows of X (deterministic: the random state is not touched), times
-    sqrt(D). The lengthscale of the default kernel's start, up to its random subsample."""
-    N, D = X.shape
-    sub = np.asarray(X[_diagnose._query_rows(N, max_rows)], dtype=np.float64)
-    other = sub[_diagnose._query_rows(sub.shape[0], pairs)]  # (spread over all rows: X may be sorted)
-    return dimension_spread(sub, other) * np.sqrt(D)
 
 
 def attach_default_priors(kernel, X, scale=1.0):

@@ -76,6 +76,16 @@ def dimension_spread(rows, others):
     return spread
 
 
+def reference_lengthscale(X, max_rows=1000, pairs=200):
+    """m_d sqrt(D) [D]: :func:`dimension_spread` over `max_rows` x `pairs`
+    pairs of evenly spaced rows of X (deterministic: the random state is not touched), times
+    sqrt(D). The lengthscale of the default kernel's start, up to its random subsample."""
+    N, D = X.shape
+    sub = np.asarray(X[_diagnose._query_rows(N, max_rows)], dtype=np.float64)
+    other = sub[_diagnose._query_rows(sub.shape[0], pairs)]  # (spread over all rows: X may be sorted)
+    return dimension_spread(sub, other) * np.sqrt(D)
+
+
 def default_kernel(X, random_state, variance=1.0):
     """RBF with ARD lengthscales set by the median-distance heuristic per input dimension:
     :func:`dimension_spread` over 1000 x 200 pairs of a random subsample, times sqrt(D)."""
@@ -112,10 +122,9 @@ def start_kernel(kernel, X, random_state, variance=1.0):
             "kernel=None")
     leaves = stationary_leaves(kernel)
     if leaves:
-        # (the median distances over 200 x 20 evenly spaced rows: the check's range is 1e100,
-        # and default_kernel's 1000 x 200 pairs took 0.7 s at D = 784)
-        sub = np.asarray(X[_diagnose._query_rows(X.shape[0], 200)], dtype=np.float64)
-        reference = dimension_spread(sub, sub[:20]) * np.sqrt(X.shape[1])
+        # (over 200 x 20 rows: the check's range is 1e100, and 1000 x 200 pairs took 0.7 s at
+        # D = 784)
+        reference = reference_lengthscale(X, max_rows=200, pairs=20)
         for leaf, _ in leaves:
             ratio = np.asarray(leaf.lengthscale) / (reference if np.ndim(leaf.lengthscale)
                                                     else np.exp(np.mean(np.log(reference))))

@@ -324,7 +324,7 @@ class _SVGPEstimator(GPEstimator):
                 (kept, top, move), fell = gap, self._history[-1]
                 where = "the start" if kept == 0 else f"epoch {kept}"
                 what = (f"the ELBO per row fell to {fell / N:.4g} from {top / N:.4g} at {where}"
-                        if not fell / N >= top / N - self._DIVERGENCE * max(1.0, abs(top) / N)
+                        if self._fell(fell, top, N)
                         else f"one step moved a log hyperparameter or inducing input by {move:.3g}")
                 warn_at_caller(
                     f"SVGP ({optimizer}) diverged: in epoch {self.n_iter_} {what}; the parameters "
@@ -396,7 +396,7 @@ class _SVGPEstimator(GPEstimator):
             elbo, rows = trainer.run(batches, steps, N)
             if self._report_step(epoch, elbo, rows / max(time.perf_counter() - t0, 1e-12)):
                 return epoch, "callback", gap
-            if (not elbo / N >= top / N - self._DIVERGENCE * max(1.0, abs(top) / N)
+            if (self._fell(elbo, top, N)
                     or trainer.largest_move > self._MAX_MOVE):
                 self._restore(kept[1])
                 self.objective_ = top
@@ -603,6 +603,12 @@ class _SVGPEstimator(GPEstimator):
                 found.warn(stacklevel=3, suffix="; partial_fit checks its first chunk only")
         return self
 
+    @classmethod
+    def _fell(cls, elbo, reference, N):
+        """Whether an ELBO (or an epoch's mean) fell below `reference` by more than
+        _DIVERGENCE max(1, |reference / N|) per row of N, or is not finite: divergence."""
+        return not elbo / N >= reference / N - cls._DIVERGENCE * max(1.0, abs(reference) / N)
+
     def _check_pass(self, elbo, kept):
         """partial_fit's divergence check, fit's (see _run_epochs) on one pass: the pass's mean
         minibatch ELBO against its first minibatch's (at the parameters the call started from),
@@ -611,7 +617,7 @@ class _SVGPEstimator(GPEstimator):
         starts afresh at the next call."""
         trainer, N = self._trainer, self.n_total_
         first = trainer.first_value
-        fell = not elbo / N >= first / N - self._DIVERGENCE * max(1.0, abs(first) / N)
+        fell = self._fell(elbo, first, N)
         if not fell and trainer.largest_move <= self._MAX_MOVE:
             return
         what = (f"the ELBO per row fell to {elbo / N:.4g} from {first / N:.4g} at its first "
