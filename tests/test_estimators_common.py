@@ -18,7 +18,7 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 import pygpfast
 from pygpfast.kernels import Kernel
 
-from blas_rounding import EXACT, assert_same
+from blas_rounding import assert_same
 
 #: (id, factory(**kw) -> estimator, task); task in "binary", "multiclass", "regression", "counts".
 ESTIMATORS = [
@@ -176,28 +176,23 @@ def test_random_state_makes_a_fit_reproducible(case):
     np.testing.assert_array_equal(a.history_, b.history_)
 
 
-def test_the_thread_count_changes_nothing(case, restore_threads, request):
-    name, make, task = case
-    if not EXACT and name == "ISMOEClassifier":
-        # A known defect, at the dependency floors only (OpenBLAS 0.3.21, whose thread count
-        # cannot be held to one inside the core's blocks): the probit experts' searches end
-        # 1.3e-4 apart in the objective, and a latent mean far from the data at 8.64 on one
-        # thread, 8.96 on two (deterministic per thread count). Bitwise where the BLAS allows.
-        request.applymarker(pytest.mark.xfail(
-            strict=False, reason="IS-MOE probit searches follow the floors' BLAS rounding"))
+def test_the_thread_count_changes_nothing(case, restore_threads):
+    # (At the dependency floors, OpenBLAS 0.3.21, whose thread count the core cannot set, the
+    # IS-MOE probit experts' searches ended 1.3e-4 apart in the objective, a latent mean far
+    # from the data at 8.64 on one thread and 8.96 on two, until IS-MOE's chunks held the BLAS
+    # to one thread through threadpoolctl there: _threads.one_blas_thread(process_wide=True).)
+    _, make, task = case
     fits = []
     for n in (1, 2):
         pygpfast.set_num_threads(n)
         est, X, _ = _fit(make, task)
         fits.append((est.objective_, _outputs(est, X)))
     # (to rounding: the mean-field SVGP and the joint IVM's gradients sum in a thread-dependent
-    # order; the families' own tests check bitwise equality where it holds. Where the BLAS
-    # cannot be held to one thread, a search carries its rounding further: 8e-5 of a latent
-    # mean of 26 in an IS-MOE logit expert, and 1.3e-4 of the IS-MOE probit objective, at the
-    # dependency floors)
-    assert_same(fits[0][0], fits[1][0], rtol=1e-8 if EXACT else 1e-3, bitwise=False)
+    # order; the families' own tests check bitwise equality where it holds. The same
+    # tolerances hold at the dependency floors)
+    assert_same(fits[0][0], fits[1][0], rtol=1e-8, bitwise=False)
     for u, v in zip(fits[0][1], fits[1][1]):
-        assert_same(u, v, rtol=1e-6 if EXACT else 1e-3, bitwise=False)
+        assert_same(u, v, rtol=1e-6, bitwise=False)
 
 
 def test_a_callback_that_returns_true_stops_the_fit(case):

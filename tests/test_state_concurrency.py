@@ -288,7 +288,9 @@ def test_threads_predicting_at_once_from_a_loaded_vgp_compute_its_factor_once(fi
     assert len(calls) == 1
     for X, (proba,) in zip(inputs, results):
         assert_same(proba, est.predict_proba(X))
-    np.testing.assert_array_equal(loaded.predictive_factor_, est.predictive_factor_)
+    # (bitwise where the core holds the BLAS's count; at the dependency floors the factor's BLAS
+    # calls split by how busy the pool is, which four predicting threads change: 4e-15 seen)
+    assert_same(loaded.predictive_factor_, est.predictive_factor_, rtol=1e-12)
 
 
 #: Pairs of different estimators fitted on the same data at once.

@@ -209,3 +209,64 @@ def test_a_fit_with_parallel_blas_loops_leaves_the_blas_count(restore_threads):
     pygpfast.VGPClassifier(optimize_hyperparameters=False, inner_max_iter=3, block_size=64).fit(
         X, X[:, 0] > 0)
     assert _blas_counts() == before
+
+
+def test_process_wide_one_blas_thread_scopes_are_counted(monkeypatch):
+    # one_blas_thread(process_wide=True) where the core cannot set the BLAS's count (forced here,
+    # as at the dependency floors): one threadpoolctl limit to one BLAS thread while any such
+    # scope is open in any thread, restored once, after the last, whatever the order they close
+    # in (A opens, B opens, A closes, B closes). (threadpoolctl is replaced by a recorder: with
+    # OpenBLAS >= 0.3.27 a count set in one thread does not show in another's reading.)
+    import threading
+
+    from pygpfast import _threads
+
+    class NoThreadControl:
+        @staticmethod
+        def enter_one_blas_thread():
+            return False
+
+        @staticmethod
+        def leave_one_blas_thread():
+            raise AssertionError("left a scope that was not entered")
+
+    events = []
+
+    class Limiter:
+        def __init__(self, limits, user_api):
+            assert (limits, user_api) == (1, "blas")
+            events.append("set 1")
+
+        def restore_original_limits(self):
+            events.append("restored")
+
+    monkeypatch.setattr(_threads._core, "threads", NoThreadControl)
+    monkeypatch.setattr(_threads, "threadpool_limits", Limiter)
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def run():
+        name = threading.current_thread().name
+        with _threads.one_blas_thread(process_wide=True):
+            if name == "A":
+                a_in.set()
+                b_in.wait(10)
+            else:
+                a_in.wait(10)
+                b_in.set()
+                a_out.wait(10)
+            events.append(f"{name} in")
+        events.append(f"{name} out")
+        if name == "A":
+            a_out.set()
+
+    threads = [threading.Thread(target=run, name=name) for name in "AB"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert events == ["set 1", "A in", "A out", "B in", "restored", "B out"]
+    with _threads.one_blas_thread():  # (without process_wide: nothing set)
+        pass
+    with _threads.one_blas_thread(process_wide=True):  # (and a new scope sets it again)
+        pass
+    assert events[6:] == ["set 1", "restored"]

@@ -109,6 +109,14 @@ def fit_chunk(X, Xs, y, cfg, samples):
     another), ``W`` [rows] (Laplace), ``log_pi`` [S, K], ``mu`` [S, K, D], ``R`` [S, K, D, D]
     (the mixtures; absent for partition='random').
     """
+    # (the BLAS on one thread for the whole chunk, also where only threadpoolctl can set it:
+    # see _threads.one_blas_thread)
+    with one_blas_thread(process_wide=True):
+        return _fit_samples(X, Xs, y, cfg, samples)
+
+
+def _fit_samples(X, Xs, y, cfg, samples):
+    """:func:`fit_chunk`'s work."""
     draws = [_proposal.draw_sample(Xs, cfg.seed, j, K=cfg.K, B=cfg.B, partition=cfg.partition,
                                    prior=cfg.prior) for j in samples]
     blocks, experts, owner = [], [], []

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
+from .. import _core
 from .._threads import one_blas_thread
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
@@ -66,7 +67,10 @@ def log_component_density(Xs, log_pi, mu, R, experts=None):
     out = np.empty((Xs.shape[0], len(experts)))
     with one_blas_thread(), np.errstate(over="ignore"):  # (-inf beyond ~1e154 deviations)
         for c, k in enumerate(experts):
-            u = (Xs - mu[k]) @ R[k]  # (R lower: u_d = sum_e (x - mu)_e R_ed; |u|^2 = (x-mu)^T R R^T (x-mu))
+            # (R lower: u_d = sum_e (x - mu)_e R_ed; |u|^2 = (x-mu)^T R R^T (x-mu)). Through the
+            # core's BLAS, which the scope holds to one thread: numpy's matmul calls numpy's own
+            # BLAS on all its threads, 16 times slower here (a 3177 x 28 by 28 x 28 product)
+            u = _core.blas.gemm(Xs - mu[k], R[k])
             out[:, c] = (log_pi[k] + np.sum(np.log(np.diag(R[k]))) - 0.5 * D * _LOG_2PI
                          - 0.5 * np.einsum("ij,ij->i", u, u))
     return out
