@@ -369,6 +369,56 @@ def test_batched_fits_equal_per_block_fits_on_one_and_two_threads(rng, restore_t
 # ---- bad input ----
 
 
+@pytest.mark.parametrize("lik", ["gaussian", "probit", "logit"])
+def test_listed_test_rows_equal_the_dense_prediction_there(rng, restore_threads, lik):
+    # test_offsets/test_rows: each block predicts only its listed test rows (gathered, in chunks
+    # like the dense path); the listed entries equal the dense ones (to rounding: the kernel's
+    # products see the rows in other positions), every other one holds the documented
+    # placeholder, and the thread count changes nothing, to the bit.
+    N, T = 60, 23
+    X, y = (regression_data if lik == "gaussian" else classification_data)(rng, n=N)
+    off, rows = random_blocks(rng, N, [20, 15, 25])
+    codes = spec("rbf", 2)
+    fit = _core.moe.fit_blocks(codes, np.ones(3), X, y, off, rows, likelihood=lik, max_iter=5)
+    kw = dict(likelihood=lik)
+    if lik == "gaussian":
+        kw.update(noise_variance=fit["noise_variance"], mean=fit["mean"])
+    else:
+        kw.update(W=fit["W"])
+    Xs = rng.standard_normal((T, 2))
+    dense = _core.moe.predict_blocks(codes, fit["params"], X, off, rows, Xs, fit["alpha"], fit["factor"], **kw)
+    listed = [np.sort(rng.choice(T, size=k, replace=False)) for k in (5, 0, T)]
+    test_offsets = np.concatenate([[0], np.cumsum([r.size for r in listed])]).astype(np.int64)
+    test_rows = np.concatenate(listed).astype(np.int64)
+    extra = "var_y" if lik == "gaussian" else "prob"
+    runs = []
+    for threads in (1, 2):
+        _core.threads.set_num_threads(threads)
+        runs.append(_core.moe.predict_blocks(codes, fit["params"], X, off, rows, Xs, fit["alpha"], fit["factor"],
+                                             test_offsets=test_offsets, test_rows=test_rows, **kw))
+    for key, placeholder in (("mean", 0.0), ("var", 0.0), (extra, 1.0 if lik == "gaussian" else 0.5)):
+        np.testing.assert_array_equal(runs[0][key], runs[1][key])
+        want = np.full((T, 3), placeholder)
+        for p, r in enumerate(listed):
+            want[r, p] = dense[key][r, p]
+        np.testing.assert_allclose(runs[0][key], want, rtol=1e-12, atol=1e-14)
+        untouched = np.ones((T, 3), dtype=bool)
+        for p, r in enumerate(listed):
+            untouched[r, p] = False
+        np.testing.assert_array_equal(runs[0][key][untouched], placeholder)
+    call = _core.moe.predict_blocks
+    args = (codes, fit["params"], X, off, rows, Xs, fit["alpha"], fit["factor"])
+    for match, extra_kw in (
+            ("go together", dict(test_offsets=test_offsets)),
+            ("blocks \\+ 1", dict(test_offsets=test_offsets[:-1], test_rows=test_rows)),
+            ("test_offsets\\[-1\\]", dict(test_offsets=test_offsets, test_rows=test_rows[:-1])),
+            ("outside", dict(test_offsets=test_offsets, test_rows=np.where(test_rows == 0, T, test_rows))),
+            ("non-decreasing", dict(test_offsets=np.array([0, 5, 3, T + 5], dtype=np.int64), test_rows=test_rows)),
+            ("int64", dict(test_offsets=test_offsets.astype(np.int32), test_rows=test_rows))):
+        with pytest.raises(ValueError, match=match):
+            call(*args, **kw, **extra_kw)
+
+
 def test_bad_input_is_a_value_error(rng):
     X, y = regression_data(rng, n=20)
     codes, params = spec("rbf", 2), np.ones(3)

@@ -123,10 +123,11 @@ def test_the_shared_vocabulary(case):
     # objective_: the value the fit maximised, a finite float; history_: one entry per iteration
     assert isinstance(est.objective_, float) and np.isfinite(est.objective_)
     # log_prior_: the priors' share of objective_ (priors="default": the MAP point), a float;
-    # priors is "default" by default (IS-MOE: None, its experts are fitted by ML-II in the core)
+    # priors is "default" by default (IS-MOE: its experts are MAP fits, but its objective_, the
+    # mean importance weight, is made of evidences, so the priors' share is 0)
     assert isinstance(est.log_prior_, float) and np.isfinite(est.log_prior_)
-    assert est.priors == ("default" if "ISMOE" not in type(est).__name__ else None)
-    if est.priors is None:
+    assert est.priors == "default"
+    if "ISMOE" in type(est).__name__:
         assert est.log_prior_ == 0.0
     elif not isinstance(est.kernel_, list):
         assert est.log_prior_ == est.kernel_.log_prior() + (

@@ -224,7 +224,7 @@ void bind_moe(py::module_& m) {
       [](const py::array& codes, const py::array& params, const py::array& X, const py::array& offsets,
          const py::array& rows, const py::array& Xnew, const py::array& alpha, const py::array& factor,
          const std::string& likelihood, const py::object& noise_variance, const py::object& mean,
-         const py::object& W) {
+         const py::object& W, const py::object& test_offsets, const py::object& test_rows) {
         const moe::Likelihood lik = parse_likelihood(likelihood);
         const bool gaussian = lik == moe::Likelihood::Gaussian;
         const ConstMatrixView Xv = as_matrix(X, "X"), Xn = as_matrix(Xnew, "Xnew");
@@ -247,7 +247,25 @@ void bind_moe(py::module_& m) {
           w = optional_vector(W, "W", b.total);
         }
         const index_t T = Xn.rows;
+        if (test_offsets.is_none() != test_rows.is_none())
+          throw std::invalid_argument("test_offsets and test_rows go together");
+        moe::TestRows test;
+        if (!test_offsets.is_none()) {
+          const py::array to = test_offsets, tr = test_rows;
+          if (to.ndim() != 1 || to.shape(0) != b.blocks + 1)
+            throw std::invalid_argument("test_offsets must have blocks + 1 = " + std::to_string(b.blocks + 1) +
+                                        " entries");
+          test.offsets = as_index_vector(to, "test_offsets");
+          if (tr.ndim() != 1 || tr.shape(0) != test.offsets[b.blocks])
+            throw std::invalid_argument("test_rows must have test_offsets[-1] entries");
+          test.rows = as_index_vector(tr, "test_rows");
+        }
         py::array_t<double> mu = new_matrix(T, b.blocks), var = new_matrix(T, b.blocks), extra = new_matrix(T, b.blocks);
+        if (test.offsets != nullptr) {  // (the pairs not listed: finite placeholders)
+          std::fill(mu.mutable_data(), mu.mutable_data() + T * b.blocks, 0.0);
+          std::fill(var.mutable_data(), var.mutable_data() + T * b.blocks, 0.0);
+          std::fill(extra.mutable_data(), extra.mutable_data() + T * b.blocks, gaussian ? 1.0 : 0.5);
+        }
         moe::PredictOutputs out;
         out.mean = mu.mutable_data();
         out.var = var.mutable_data();
@@ -257,7 +275,7 @@ void bind_moe(py::module_& m) {
           out.prob = extra.mutable_data();
         {
           py::gil_scoped_release release;
-          moe::predict_blocks(k.spec, fitted, Xv, b.offsets, b.rows, b.blocks, lik, a, L, w, Xn, out);
+          moe::predict_blocks(k.spec, fitted, Xv, b.offsets, b.rows, b.blocks, lik, a, L, w, Xn, out, test);
         }
         py::dict d;
         d["mean"] = mu;
@@ -268,10 +286,13 @@ void bind_moe(py::module_& m) {
       py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("offsets"), py::arg("rows"), py::arg("Xnew"),
       py::arg("alpha"), py::arg("factor"), py::kw_only(), py::arg("likelihood") = "gaussian",
       py::arg("noise_variance") = py::none(), py::arg("mean") = py::none(), py::arg("W") = py::none(),
+      py::arg("test_offsets") = py::none(), py::arg("test_rows") = py::none(),
       "Per block and test point of Xnew [T, D], from fit_blocks' outputs: a dict of mean and var (latent) "
       "[T, blocks], and var_y (Gaussian, noise included) or prob (P(y = 1): probit in closed form, logit by "
       "Gauss-Hermite quadrature) [T, blocks]. params as fitted ([P] or [blocks, P]); noise_variance, mean: "
-      "float or [blocks] (Gaussian); W [offsets[-1]] (probit, logit).");
+      "float or [blocks] (Gaussian); W [offsets[-1]] (probit, logit). test_offsets [blocks + 1] and test_rows "
+      "(by block, as offsets and rows): only those (test row, block) pairs; the others hold mean 0, var 0, "
+      "var_y 1, prob 0.5.");
 
   m.def(
       "block_evidence",

@@ -524,7 +524,8 @@ void fit_blocks(const KernelSpec& spec, const Start& start, ConstMatrixView X, c
 
 void predict_blocks(const KernelSpec& spec, const Start& fitted, ConstMatrixView X, const index_t* offsets,
                     const index_t* rows, index_t blocks, Likelihood lik, const double* alpha,
-                    const double* factor, const double* W, ConstMatrixView Xnew, const PredictOutputs& out) {
+                    const double* factor, const double* W, ConstMatrixView Xnew, const PredictOutputs& out,
+                    const TestRows& test) {
   const bool gaussian = lik == Likelihood::Gaussian;
   const index_t N = X.rows, D = X.cols, T = Xnew.rows;
   require(Xnew.cols == D, "moe: Xnew has ", Xnew.cols, " columns but X has ", D);
@@ -540,6 +541,15 @@ void predict_blocks(const KernelSpec& spec, const Start& fitted, ConstMatrixView
     if (!gaussian)  // (W is null for a Gaussian likelihood: not even the message may name W[i])
       require(std::isfinite(W[i]) && W[i] >= 0.0, "moe: W must be >= 0 and finite, got W[", i, "] = ", W[i]);
   }
+  require((test.offsets == nullptr) == (test.rows == nullptr), "moe: test row offsets and rows go together");
+  if (test.offsets != nullptr) {
+    require(test.offsets[0] == 0, "moe: test row offsets[0] must be 0, got ", test.offsets[0]);
+    for (index_t p = 0; p < blocks; ++p)
+      require(test.offsets[p + 1] >= test.offsets[p], "moe: test row offsets must be non-decreasing (block ", p, ")");
+    for (index_t i = 0; i < test.offsets[blocks]; ++i)
+      require(test.rows[i] >= 0 && test.rows[i] < T, "moe: test rows[", i, "] = ", test.rows[i], " is outside [0, ",
+              T, ")");
+  }
   if (T == 0) return;
   likelihoods::Likelihood logit;
   logit.type = likelihoods::LikelihoodType::BernoulliLogit;
@@ -552,8 +562,18 @@ void predict_blocks(const KernelSpec& spec, const Start& fitted, ConstMatrixView
     const double* a = alpha + offsets[p];
     const double noise = gaussian ? fitted.noise_variance[p * fitted.noise_stride] : 0.0;
     const double m = gaussian ? fitted.mean[p * fitted.mean_stride] : 0.0;
+    // This block's test rows: all of Xnew, or those listed, gathered (row i of Xp is test row at(i)).
+    const index_t* listed = test.rows != nullptr ? test.rows + test.offsets[p] : nullptr;
+    const index_t Tp = listed != nullptr ? test.offsets[p + 1] - test.offsets[p] : T;
+    if (Tp == 0) return;
+    ConstMatrixView Xp = Xnew;
+    if (listed != nullptr) {
+      resize(ws.Xt, Tp * D);
+      for (index_t i = 0; i < Tp; ++i) std::copy(Xnew.row(listed[i]), Xnew.row(listed[i]) + D, ws.Xt.data() + i * D);
+      Xp = ConstMatrixView(ws.Xt.data(), Tp, D);
+    }
     // Test points in chunks of about 2^18 kernel entries.
-    const index_t chunk = std::max<index_t>(1, std::min<index_t>(T, (index_t{1} << 18) / n));
+    const index_t chunk = std::max<index_t>(1, std::min<index_t>(Tp, (index_t{1} << 18) / n));
     resize(ws.K, chunk * n);
     for (auto* v : {&ws.v1, &ws.v2, &ws.v3, &ws.f}) resize(*v, chunk);
     double *mu = ws.v1.data(), *var = ws.v2.data(), *kd = ws.v3.data(), *pr = ws.f.data();
@@ -562,9 +582,9 @@ void predict_blocks(const KernelSpec& spec, const Start& fitted, ConstMatrixView
       sW.resize(static_cast<std::size_t>(n));
       for (index_t j = 0; j < n; ++j) sW[static_cast<std::size_t>(j)] = std::sqrt(W[offsets[p] + j]);
     }
-    for (index_t t0 = 0; t0 < T; t0 += chunk) {
-      const index_t tc = std::min(chunk, T - t0);
-      const ConstMatrixView Xc(Xnew.row(t0), tc, D, Xnew.ld);
+    for (index_t t0 = 0; t0 < Tp; t0 += chunk) {
+      const index_t tc = std::min(chunk, Tp - t0);
+      const ConstMatrixView Xc(Xp.row(t0), tc, D, Xp.ld);
       const MatrixView Kx(ws.K.data(), tc, n);
       kernel.K(Xc, Xb, false, Kx);
       kernel.Kdiag(Xc, kd);
@@ -585,7 +605,7 @@ void predict_blocks(const KernelSpec& spec, const Start& fitted, ConstMatrixView
       else if (lik == Likelihood::Logit)
         likelihoods::predict_mean_and_var(logit, mu, var, tc, pr, ws.K.data());  // (Kx is spent)
       for (index_t t = 0; t < tc; ++t) {
-        const index_t o = (t0 + t) * blocks + p;
+        const index_t o = (listed != nullptr ? listed[t0 + t] : t0 + t) * blocks + p;
         if (out.mean) out.mean[o] = mu[t];
         if (out.var) out.var[o] = var[t];
         if (gaussian && out.var_y) out.var_y[o] = var[t] + noise;

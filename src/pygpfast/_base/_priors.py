@@ -76,7 +76,10 @@ def attach_default_noise_prior(likelihood, scale=1.0):
     """Set, in place, the default prior on a Gaussian likelihood's noise variance unless one is
     set; other likelihoods are left as they are. Returns `likelihood`."""
     if "variance" in likelihood.param_names and "variance" not in likelihood.priors:
-        likelihood.priors = {**likelihood.priors,
-                             "variance": LogNormal(float(np.log(NOISE_FRACTION * scale)),
-                                                   VARIANCE_SCALE)}
+        likelihood.priors = {**likelihood.priors, "variance": default_noise_prior(scale)}
     return likelihood
+
+
+def default_noise_prior(scale=1.0):
+    """The default prior on a Gaussian noise variance for latent scale `scale`."""
+    return LogNormal(float(np.log(NOISE_FRACTION * scale)), VARIANCE_SCALE)

@@ -62,4 +62,6 @@ def predict_blocks(
     noise_variance: object = None,
     mean: object = None,
     W: object = None,
+    test_offsets: object = None,
+    test_rows: object = None,
 ) -> dict: ...

@@ -5,6 +5,7 @@ weights and the predictions need. :func:`fit_chunk` is a plain function of array
 worker runs it as it is (:mod:`._dask`).
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,8 @@ from .. import _core
 from .._base import _optimize
 from .._threads import one_blas_thread
 from . import _proposal
+
+_LOG_2PI = math.log(2.0 * math.pi)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,10 @@ class Config:
     jitter: float
     min_block_size: int
     fit_mean: bool
+    # [P + 2] each, in u: a Gaussian prior on each coordinate (scale 0: none), or None for
+    # plain type-II maximum likelihood
+    prior_loc: np.ndarray = None
+    prior_scale: np.ndarray = None
 
     @property
     def gaussian(self):
@@ -57,12 +64,27 @@ def _fit_call(cfg, X, y, offsets, rows, *, params, noise, mean, optimize):
         cfg.codes, params, X, y, offsets, rows, likelihood=cfg.likelihood, optimize=optimize,
         max_iter=cfg.max_iter, tol=cfg.tol, noise_variance=noise, mean=mean,
         fit_noise=True, fit_mean=cfg.fit_mean and cfg.gaussian, lower=cfg.lower, upper=cfg.upper,
-        scale=1.0, jitter=max(cfg.jitter, 1e-10), max_jitter=max(cfg.jitter, 1e-4))
+        scale=1.0, jitter=max(cfg.jitter, 1e-10), max_jitter=max(cfg.jitter, 1e-4),
+        prior_loc=cfg.prior_loc, prior_scale=cfg.prior_scale)
+
+
+def log_prior(cfg, u):
+    """(sum of the Gaussian log densities of u's coordinates under cfg's prior, gradient) for
+    u [n_u] (the first n_u coordinates of the core's P + 2); (0, 0) without a prior."""
+    grad = np.zeros(u.size)
+    if cfg.prior_loc is None:
+        return 0.0, grad
+    s = cfg.prior_scale[:u.size]
+    on = s > 0
+    z = (u[on] - cfg.prior_loc[:u.size][on]) / s[on]
+    grad[on] = -z / s[on]
+    return float(np.sum(-0.5 * z * z - np.log(s[on]) - 0.5 * _LOG_2PI)), grad
 
 
 def _shared_theta(cfg, X, y, blocks):
     """One sample's kernel (and noise) shared by its experts: L-BFGS-B on the sum of the block
-    evidences (each from ``_core.moe.block_evidence``), in u = (log params, log noise[, mean])."""
+    evidences (each from ``_core.moe.block_evidence``) plus the log prior, in u = (log params,
+    log noise[, mean])."""
     P = cfg.params0.size
     gaussian = cfg.gaussian
     n_u = P + (2 if gaussian and cfg.fit_mean else 1 if gaussian else 0)
@@ -74,7 +96,7 @@ def _shared_theta(cfg, X, y, blocks):
         params = np.exp(u[:P])
         noise = float(np.exp(u[P])) if gaussian else 1.0
         mean = float(u[P + 1]) if gaussian and cfg.fit_mean else 0.0
-        value, grad = 0.0, np.zeros(n_u)
+        value, grad = log_prior(cfg, u)
         for Xb, yb in sub:
             r = _core.moe.block_evidence(cfg.codes, params, Xb, yb, likelihood=cfg.likelihood,
                                          noise_variance=noise, mean=mean, with_grad=True,

@@ -17,10 +17,11 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from .. import _core
-from .._base import _docs, _start
+from .._base import _docs, _priors, _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._params import BOOL, COMMON, NONE, Interval, Kind, Options
 from .._validation import as_vector, mean_and_std, validate_input
+from ..priors import is_flat
 from . import _dask, _engine, _proposal
 from ._psis import psis as _psis
 
@@ -50,9 +51,6 @@ class _ISMOEEstimator(GPEstimator):
         "client": (NONE, Kind(lambda v: hasattr(v, "submit") and hasattr(v, "scatter"),
                               "a dask.distributed Client")),
         "backend": (Options(None, "threads", "dask"),),
-        # (the experts are fitted by type-II maximum likelihood inside the compiled core, and
-        # the importance weights are their evidences: priors on them are not implemented yet)
-        "priors": (Options(None),),
     }
 
     #: The log-normal bounds of the experts' hyperparameters around their start: kernel
@@ -95,8 +93,9 @@ class _ISMOEEstimator(GPEstimator):
         N, D = X.shape
         rs = check_random_state(self.random_state)
         seed = int(rs.randint(2**31 - 1))
-        start = _start.start_kernel(self.kernel, X, rs, 1.0)
+        start = self._with_default_priors(_start.start_kernel(self.kernel, X, rs, 1.0), X)
         codes, params0 = start._spec(D)
+        prior_loc, prior_scale = self._core_priors(start, params0)
         J, K = self.n_samples, self.n_experts
         B = N if self.batch_size is None else min(self.batch_size, N)
         self.x_mean_, scale = mean_and_std(X, axis=0)
@@ -111,7 +110,8 @@ class _ISMOEEstimator(GPEstimator):
             gamma=N / B if self.scale_evidence else 1.0, share=self.share_hyperparameters,
             optimize=self.optimize_hyperparameters, noise0=self._NOISE_START, lower=lower,
             upper=upper, max_iter=self.max_iter, tol=self.tol, jitter=self.jitter,
-            min_block_size=self.min_block_size, fit_mean=self._FIT_MEAN)
+            min_block_size=self.min_block_size, fit_mean=self._FIT_MEAN, prior_loc=prior_loc,
+            prior_scale=prior_scale)
         per = self.samples_per_iteration or max(1, math.ceil(J / 8))
         chunks = [list(range(a, min(a + per, J))) for a in range(0, J, per)]
         client = _dask.resolve_client(self.client, self.backend)
@@ -157,6 +157,31 @@ class _ISMOEEstimator(GPEstimator):
                     "n_samples, fewer n_experts, psis=True, or weighting='uniform' may help",
                     ConvergenceWarning, stacklevel=3)
         return self
+
+    def _core_priors(self, kernel, params0):
+        """The experts' priors in the core's coordinates u = (log params [P], log noise variance,
+        mean): (loc [P + 2], scale [P + 2]), scale 0 where a coordinate has none; (None, None)
+        when none has one (plain type-II maximum likelihood, as the core fits without)."""
+        P = params0.size
+        blocks = kernel._prior_blocks()
+        noise = (_priors.default_noise_prior() if self._core_likelihood() == "gaussian"
+                 and self._default_priors_on() else None)
+        if is_flat(blocks) and noise is None:
+            return None, None
+        loc, scale = np.zeros(P + 2), np.zeros(P + 2)
+        start = 0
+        for size, prior, name in blocks:
+            if prior is not None:
+                prior._check_size(size, name)
+                loc[start:start + size] = prior.loc
+                scale[start:start + size] = prior.scale
+            start += size
+        if start != P:  # (the kernel's theta and the core's parameters share one layout)
+            raise RuntimeError(f"the kernel's priors describe {start} parameters, its core "
+                               f"description {P}")
+        if noise is not None:
+            loc[P], scale[P] = noise.loc, noise.scale
+        return loc, scale
 
     def _set_fitted(self, X, state, log_weights):
         """The fitted attributes from the samples fitted so far."""
@@ -231,12 +256,24 @@ class _ISMOEEstimator(GPEstimator):
         gaussian = self._core_likelihood() == "gaussian"
         for a in range(0, X.shape[0], step):
             Xc = X[a:a + step]
+            log_c = self._log_assignment((Xc - self.x_mean_) / self.x_scale_)
+            # Each row needs only the blocks of non-negligible weight (with a Gaussian-mixture
+            # partition a few experts per sample): the pairs below _NEGLIGIBLE_MASS / P of the
+            # row's largest weight, under _NEGLIGIBLE_MASS of its total together, are left out
+            # and the rest renormalised, as for the lightest samples.
+            top = np.max(log_c, axis=1, keepdims=True)
+            kept = log_c >= top + math.log(self._NEGLIGIBLE_MASS / P)
+            log_c = np.where(kept, log_c, -np.inf)
+            log_c -= logsumexp(log_c, axis=1, keepdims=True)
+            block, row = np.nonzero(kept.T)  # (by block, rows ascending)
+            test_offsets = np.zeros(P + 1, dtype=np.int64)
+            np.cumsum(np.bincount(block, minlength=P), out=test_offsets[1:])
             pred = _core.moe.predict_blocks(
                 codes, st["params"], self._Xb, st["offsets"], rows, Xc, st["alpha"],
                 st["factor"], likelihood=self._core_likelihood(),
                 noise_variance=st["noise_variance"] if gaussian else None,
-                mean=st["mean"] if gaussian else None, W=None if gaussian else st["W"])
-            log_c = self._log_assignment((Xc - self.x_mean_) / self.x_scale_)
+                mean=st["mean"] if gaussian else None, W=None if gaussian else st["W"],
+                test_offsets=test_offsets, test_rows=row.astype(np.int64))
             yield slice(a, a + Xc.shape[0]), log_c, pred
 
     @staticmethod
@@ -296,12 +333,16 @@ _PARAMETERS = """
 """
 
 _COMMON = """    optimize_hyperparameters : bool, default True
-        Fit each expert's hyperparameters by type-II maximum likelihood (box bounds around the
-        start); False keeps the starting kernel.
-    priors : None, default None
-        The estimators' shared parameter (the other families fit at the MAP point under
-        ``priors="default"``); IS-MOE takes None only for now: its experts are fitted by type-II
-        maximum likelihood in the compiled core, and the importance weights are their evidences.
+        Fit each expert's hyperparameters (box bounds around the start), at the MAP point
+        under ``priors``; False keeps the starting kernel.
+    priors : {'default', None}, default 'default'
+        'default': each expert is fitted at the MAP point of its hyperparameters under the
+        default priors (:mod:`pygpfast._base._priors`: log-normal lengthscales centred by the
+        input dimension and the data's spread, Hvarfner, Hellsten & Nardi 2024; log-normal
+        kernel and noise variances), in the compiled core; priors set on the kernel's
+        hyperparameters (``kernel.priors``) are kept either way. None: type-II maximum
+        likelihood. The importance weights stay the experts' evidences at their fitted
+        hyperparameters: the priors shape each expert, not the weights.
     jitter : float in [0, 1), default 1e-6
         The smallest jitter tried, relative to the mean diagonal, when a Cholesky fails.
     random_state""" + _docs.COMMON.split("    random_state", 1)[1]
@@ -330,7 +371,7 @@ _ATTRIBUTES = """
         The largest expert's fitted kernel in the sample of largest weight (a copy).
     restart_ : None
     log_prior_ : float
-        0.0: the experts are fitted without hyperparameter priors (``priors=None``).
+        0.0: the weights, and so objective_, are evidences without the priors' densities.
     experts_ : dict
         The fitted experts that predictions use, arrays (see
         ``pygpfast.moe._engine.fit_chunk``): those of every sample but the lightest whose
@@ -355,7 +396,7 @@ class ISMOERegressor(RegressorMixin, _ISMOEEstimator):
                  partition="gmm", share_hyperparameters=False, scale_evidence=False,
                  weighting="importance", psis=False, min_block_size=10,
                  samples_per_iteration=None, max_iter=200, tol=1e-9, client=None, backend=None,
-                 optimize_hyperparameters=True, priors=None, jitter=1e-6, random_state=None,
+                 optimize_hyperparameters=True, priors="default", jitter=1e-6, random_state=None,
                  verbose=0,
                  callback=None):
         self.kernel = kernel
@@ -445,7 +486,7 @@ class ISMOEClassifier(GPClassifierMixin, ClassifierMixin, _ISMOEEstimator):
                  batch_size=None, partition="gmm", share_hyperparameters=False,
                  scale_evidence=False, weighting="importance", psis=False, min_block_size=10,
                  samples_per_iteration=None, max_iter=200, tol=1e-9, client=None, backend=None,
-                 optimize_hyperparameters=True, priors=None, jitter=1e-6, random_state=None,
+                 optimize_hyperparameters=True, priors="default", jitter=1e-6, random_state=None,
                  verbose=0,
                  callback=None):
         self.kernel = kernel

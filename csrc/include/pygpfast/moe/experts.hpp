@@ -70,7 +70,7 @@ struct LaplaceOptions {
 //             W [n] = -d^2 log p(y | f) / df^2 at the mode, alpha [n] = d log p(y | f) / df at the
 //             mode (the predictive mean is k_*^T alpha), a [n] with f = K a.
 struct BlockWorkspace {
-  std::vector<double> X, y, K, L, work, alpha, f, W, a, v1, v2, v3;
+  std::vector<double> X, y, K, L, work, alpha, f, W, a, v1, v2, v3, Xt;
 };
 
 struct EvidenceResult {
@@ -167,11 +167,21 @@ struct PredictOutputs {
   double* prob = nullptr;   // Probit, Logit
 };
 
+// Which test rows each block predicts, by block (as offsets/rows for the training rows):
+// block p those of rows[offsets[p]:offsets[p + 1]], each in [0, T); the entries of the pairs not
+// listed are not written. A mixture needs a block only where its weight at the row is not
+// negligible, which for a Gaussian-mixture partition is a few experts per sample.
+struct TestRows {
+  const index_t* offsets = nullptr;  // [blocks + 1]; null: every block predicts every test row
+  const index_t* rows = nullptr;     // [offsets[blocks]]
+};
+
 // Inputs from fit_blocks: hyperparameters (a Start, with the fitted values), alpha [total rows],
 // factor [sum n_p^2], W [total rows] (Laplace). Xnew [T, D]. Test points are taken in chunks, so
 // memory per thread stays O(chunk * n_p).
 void predict_blocks(const KernelSpec& kernel, const Start& fitted, ConstMatrixView X, const index_t* offsets,
                     const index_t* rows, index_t blocks, Likelihood likelihood, const double* alpha,
-                    const double* factor, const double* W, ConstMatrixView Xnew, const PredictOutputs& out);
+                    const double* factor, const double* W, ConstMatrixView Xnew, const PredictOutputs& out,
+                    const TestRows& test = {});
 
 }  // namespace pygpfast::moe
