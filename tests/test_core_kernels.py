@@ -122,6 +122,32 @@ def test_K_and_Kdiag_match_numpy(name, data):
     np.testing.assert_allclose(_core.kernels.Kdiag(codes, params, X), np.diag(K), rtol=1e-14)
 
 
+@pytest.mark.parametrize("name", TREES)
+def test_one_point_against_many_matches_numpy(name, restore_threads):
+    # K(X, z) and K(z, X) for one point z (a kernel column, as the IVM's inclusions ask) take
+    # the stationary leaves' direct path: distances summed in one pass over X. Against numpy, far
+    # from the origin too (where the expansion would cancel), equal for 1 and 2 threads, and
+    # equal to the many-point path to rounding.
+    rng = np.random.default_rng(3)
+    codes, params = describe(TREES[name])
+    for offset in (0.0, 1e4):
+        X = rng.normal(size=(3000, 3)) + offset
+        z = rng.normal(size=(1, 3)) + offset
+        ref = ref_K(TREES[name], X, z)
+        got = []
+        for threads in (1, 2):
+            _core.threads.set_num_threads(threads)
+            got.append((_core.kernels.K(codes, params, X, z), _core.kernels.K(codes, params, z, X)))
+        np.testing.assert_array_equal(got[0][0], got[1][0])
+        np.testing.assert_array_equal(got[0][0], got[0][1].T)
+        tol = 1e-12 if offset == 0 else 1e-9  # (the Linear leaf's products grow with the offset)
+        np.testing.assert_allclose(got[0][0], ref, rtol=tol, atol=tol * np.abs(ref).max())
+        if offset == 0:
+            two = np.vstack([z, z + 0.5])  # (two points: the expansion's GEMM path)
+            np.testing.assert_allclose(got[0][0][:, 0], _core.kernels.K(codes, params, X, two)[:, 0],
+                                       rtol=1e-12, atol=1e-13)
+
+
 def central_difference(f, x, eps=1e-6):
     x = np.array(x, dtype=np.float64)
     grad = np.zeros_like(x)

@@ -345,6 +345,7 @@ class Stationary final : public Node {
   }
 
   void K(const Inputs& in, MatrixView out) const override {
+    if (!in.same && (in.X.rows == 1 || in.X2.rows == 1)) return K_one_point(in, out);
     const ScaledPair s(in, inv_lengthscale_);
     if (s.expansion_inexact()) return K_direct(s, in.same, out);
     cross_product(s.a, s.b, in.same, -2.0, out);
@@ -352,6 +353,31 @@ class Stationary final : public Node {
       stationary_row(T, out.row(i), s.b_norms.data(), s.a_norms[i], in.same ? i : -1, variance_, end);
     });
     if (in.same) linalg::mirror_lower(out);
+  }
+
+  // K between one point and the rows of a matrix (a kernel column, as an IVM inclusion needs),
+  // from the squared distances sum_d ((x_jd - z_d) / l_d)^2 summed directly in one pass over the
+  // matrix: the expansion's scaled copy, norms and GEMM (which packs the whole matrix for one
+  // column) read it five times. (An IVM selection at n = 4000, D = 784, C = 5 kernels, d = 400:
+  // 2000 columns.) Rows in parallel, each summed over d in order: the same for any thread count.
+  void K_one_point(const Inputs& in, MatrixView out) const {
+    const bool column = in.X2.rows == 1;  // out [N, 1]; else [1, M]
+    const ConstMatrixView many = column ? in.X : in.X2;
+    const double* z = column ? in.X2.row(0) : in.X.row(0);
+    const index_t n = many.rows, D = many.cols;
+    workspace::Scratch r2(n);
+    parallel_for(n, std::max<index_t>(1, kMinEntriesPerThread / std::max<index_t>(D, 1)), [&](index_t j) {
+      const double* x = many.row(j);
+      double sum = 0.0;
+      for (index_t d = 0; d < D; ++d) {
+        const double u = (x[d] - z[d]) * inv_lengthscale_[d];
+        sum += u * u;
+      }
+      r2.data()[j] = sum;
+    });
+    const std::vector<double> zeros(static_cast<std::size_t>(n), 0.0);
+    stationary_row(T, r2.data(), zeros.data(), 0.0, -1, variance_, n);
+    for (index_t j = 0; j < n; ++j) (column ? out(j, 0) : out(0, j)) = r2.data()[j];
   }
 
   // K from the squared distances sum_d (a_id - b_jd)^2 summed directly (O(N M D), no GEMM), for
