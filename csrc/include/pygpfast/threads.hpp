@@ -45,10 +45,11 @@ void leave_one_blas_thread();
 
 // The BLAS on one thread while it exists (enter_one_blas_thread/leave_one_blas_thread), the
 // core's OpenMP loops on their usual count: for code whose BLAS calls are too short to pay for
-// the BLAS's threads on a shared machine, whose per-point loops are not.
+// the BLAS's threads on a shared machine, whose per-point loops are not. `active` false: a scope
+// that does nothing (for code whose calls are short only at small sizes).
 class OneBlasThreadScope {
  public:
-  OneBlasThreadScope() : entered_(enter_one_blas_thread()) {}
+  explicit OneBlasThreadScope(bool active = true) : entered_(active && enter_one_blas_thread()) {}
   ~OneBlasThreadScope() {
     if (entered_) leave_one_blas_thread();
   }

@@ -25,6 +25,13 @@ using Vec = std::vector<double>;
 
 Vec zeros(index_t n) { return Vec(static_cast<std::size_t>(n), 0.0); }
 
+// n d^2 from which the bound's BLAS calls run on the BLAS's threads: its d x n x d products
+// then take ~10 ms or more on one core, long enough to pay for a second thread, also on a loaded
+// machine. Measured on 2 cores, n = 4000, d = 400, C = 5, D = 784, one evaluation with gradient:
+// 1.84 s on one BLAS thread and 0.92 s on two, quiet; 2.76 s and 2.18 s with the other core
+// busy. (At n = 800, d = 150 the BLAS's threads under load took 7 times as long as one.)
+constexpr index_t kBoundBlasThreadsFrom = index_t{1} << 28;
+
 void potrf_or_throw(MatrixView A, const char* what) {
   const int info = blas::potrf_lower(A);
   if (info != 0)
@@ -223,7 +230,9 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
     for (std::size_t k = 0; k < nk; ++k) std::fill((*d_kernel)[k], (*d_kernel)[k] + kernels[k]->num_params(), 0.0);
   }
   const Cubature q = make_cubature(rule, C);
-  const OneBlasThreadScope blas_on_one_thread;  // (as in multiclass_select: why there)
+  // The BLAS on one thread (as in multiclass_select: why there) below kBoundBlasThreadsFrom: the
+  // largest products are d x n x d GEMMs and TRSMs, ~4 per class, and the kernels' d x n x D.
+  const OneBlasThreadScope blas_on_one_thread(n * d * d < kBoundBlasThreadsFrom);
   const index_t D = X.cols, CC = static_cast<index_t>(C) * C;
   Vec XIv = zeros(d * D);
   for (index_t k = 0; k < d; ++k) std::copy(X.row(active[k]), X.row(active[k]) + D, XIv.data() + k * D);

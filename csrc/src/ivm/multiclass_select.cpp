@@ -134,7 +134,8 @@ struct Stubs {
       lam[c] = std::sqrt(1.0 + pi_i[c] * a);
       nu[c] = pi_i[c] / (lam[c] * lam[c]);
     }
-    // 2. Means with the old Q: h^(c) += kappa_c s_c + Q^(c)T sum_e kappa_e v_e.
+    // 2. Means with the old Q: h^(c) += kappa_c s_c + Q^(c)T u, u = sum_e kappa_e v_e (the product
+    //    in step 4's pass over Q, before its rows change).
     std::fill(u.begin(), u.end(), 0.0);
     for (int e = 0; e < C; ++e)
       for (index_t k = 0; k < dd; ++k) u[k] += kappa[e] * v[e * dd + k];
@@ -142,7 +143,6 @@ struct Stubs {
       double* hc = h.data() + c * n;
       const double* sc = s.data() + c * n;
       for (index_t j = 0; j < n; ++j) hc[j] += kappa[c] * sc[j];
-      if (dd > 0) blas::gemv(blas::Trans::Yes, 1.0, ConstMatrixView(Q[c].data(), dd, n), u.data(), 1.0, hc);
     }
     // 3. Factors Lambda_k (Lambda_k Lambda_k^T = I + w_k w_k^T, w_k = sqrt(nu_k) (Lambda_1..Lambda_{k-1})^{-1} v_k)
     //    with Lambda_jj = delta_j, Lambda_jl = w_j gamma_l (j > l).
@@ -184,45 +184,8 @@ struct Stubs {
         }
       }
     }
-    // 4. Old rows of Q: Q^(c) <- Lambda^{-1} (Q^(c) - nu_c v_c s_c^T), all C factors fused in one pass
-    //    over each class's buffer, in column blocks (independent: the thread count changes nothing).
-    if (dd > 0) {
-      const index_t nblocks = (n + kColumnBlock - 1) / kColumnBlock;
-      parallel_for(nblocks * C, 1, [&](index_t task) {
-        const int c = static_cast<int>(task / nblocks);
-        const index_t j0 = (task % nblocks) * kColumnBlock, j1 = std::min(n, j0 + kColumnBlock);
-        const index_t nb = j1 - j0;
-        double acc[kColumnBlock * 8];
-        double* Qc = Q[c].data();
-        const double* sc = s.data() + c * n + j0;
-        const double nuc = nu[c];
-        // One accumulator row per factor: on the stack up to 8 classes, on the heap above.
-        std::vector<double> acc_heap;
-        double* accp = acc;
-        if (C > 8) {
-          acc_heap.assign(static_cast<std::size_t>(C * nb), 0.0);
-          accp = acc_heap.data();
-        } else {
-          std::fill(acc, acc + C * nb, 0.0);
-        }
-        for (index_t j = 0; j < dd; ++j) {
-          double* row = Qc + j * n + j0;
-          const double vj = nuc * v[c * dd + j];
-          for (index_t t = 0; t < nb; ++t) row[t] -= vj * sc[t];
-          for (int k = 0; k < C; ++k) {
-            const double wkj = w[k * dd + j], inv = 1.0 / delta[k * dd + j], gkj = gamma[k * dd + j];
-            double* ak = accp + k * nb;
-#pragma omp simd
-            for (index_t t = 0; t < nb; ++t) {
-              const double x = (row[t] - wkj * ak[t]) * inv;
-              row[t] = x;
-              ak[t] += gkj * x;
-            }
-          }
-        }
-      });
-    }
-    // 5. New row: r = R'_11^{-1} (-sum_c nu_c y_c), y_c = D^(c)_I s_c[I]; rho^2 = sum nu - r^T r.
+    // 5a. The new row's coefficients (they need R'_11, not Q): r = R'_11^{-1} (-sum_c nu_c y_c),
+    //     y_c = D^(c)_I s_c[I]; rho^2 = sum nu - r^T r.
     std::vector<double> r(static_cast<std::size_t>(dd), 0.0);
     double sum_nu = 0.0;
     for (int c = 0; c < C; ++c) {
@@ -239,17 +202,64 @@ struct Stubs {
                         "the coupling factor R lost positive definiteness at inclusion " + std::to_string(dd + 1) +
                             " (rho^2 = " + format_value(rho2) +
                             "); the kernel matrix is too ill-conditioned: add a White kernel or raise the lengthscale's lower bound");
-    const double rho = std::sqrt(rho2);
+    const double rho = std::sqrt(rho2), inv_rho = 1.0 / rho;
     for (index_t k = 0; k < dd; ++k) R[dd * dmax + k] = r[k];
     R[dd * dmax + dd] = rho;
-    for (int c = 0; c < C; ++c) {
-      double* qrow = Q[c].data() + dd * n;
-      const double* sc = s.data() + c * n;
-      for (index_t j = 0; j < n; ++j) qrow[j] = nu[c] * sc[j];
-      if (dd > 0) blas::gemv(blas::Trans::Yes, -1.0, ConstMatrixView(Q[c].data(), dd, n), r.data(), 1.0, qrow);
-      const double inv = 1.0 / rho;
-      for (index_t j = 0; j < n; ++j) qrow[j] *= inv;
-    }
+    // 4. Old rows of Q: Q^(c) <- Lambda^{-1} (Q^(c) - nu_c v_c s_c^T), all C factors fused in one pass
+    //    over each class's buffer, in column blocks (independent: the thread count changes nothing).
+    //    The same pass reads Q^(c)T u for the means (step 2, old rows) and Q^(c)T r for the new row
+    //    (step 5b, new rows): one read and one write of the buffers per inclusion, where two
+    //    separate GEMVs read them twice more (the buffers are C d n doubles: 64 MB at n = 4000,
+    //    d = 400, C = 5).
+    // 5b. New row: q^(c) = (nu_c s_c - Q'^(c)T r) / rho.
+    const index_t nblocks = (n + kColumnBlock - 1) / kColumnBlock;
+    parallel_for(nblocks * C, 1, [&](index_t task) {
+      const int c = static_cast<int>(task / nblocks);
+      const index_t j0 = (task % nblocks) * kColumnBlock, j1 = std::min(n, j0 + kColumnBlock);
+      const index_t nb = j1 - j0;
+      double acc[kColumnBlock * 8], hacc[kColumnBlock], racc[kColumnBlock];
+      double* Qc = Q[c].data();
+      const double* sc = s.data() + c * n + j0;
+      const double nuc = nu[c];
+      // One accumulator row per factor: on the stack up to 8 classes, on the heap above.
+      std::vector<double> acc_heap;
+      double* accp = acc;
+      if (C > 8) {
+        acc_heap.assign(static_cast<std::size_t>(C * nb), 0.0);
+        accp = acc_heap.data();
+      } else {
+        std::fill(acc, acc + C * nb, 0.0);
+      }
+      std::fill(hacc, hacc + nb, 0.0);
+      std::fill(racc, racc + nb, 0.0);
+      for (index_t j = 0; j < dd; ++j) {
+        double* row = Qc + j * n + j0;
+        const double vj = nuc * v[c * dd + j], uj = u[j], rj = r[j];
+#pragma omp simd
+        for (index_t t = 0; t < nb; ++t) {
+          hacc[t] += uj * row[t];
+          row[t] -= vj * sc[t];
+        }
+        for (int k = 0; k < C; ++k) {
+          const double wkj = w[k * dd + j], inv = 1.0 / delta[k * dd + j], gkj = gamma[k * dd + j];
+          double* ak = accp + k * nb;
+#pragma omp simd
+          for (index_t t = 0; t < nb; ++t) {
+            const double x = (row[t] - wkj * ak[t]) * inv;
+            row[t] = x;
+            ak[t] += gkj * x;
+          }
+        }
+#pragma omp simd
+        for (index_t t = 0; t < nb; ++t) racc[t] += rj * row[t];
+      }
+      double* hc = h.data() + c * n + j0;
+      double* qrow = Qc + dd * n + j0;
+      for (index_t t = 0; t < nb; ++t) {
+        hc[t] += hacc[t];
+        qrow[t] = (nuc * sc[t] - racc[t]) * inv_rho;
+      }
+    });
     // 6. Binary parts: rows of L^(c) and M^(c), the uncoupled variances.
     for (int c = 0; c < C; ++c) {
       double* lrow = L[c].data() + dd * dmax;
