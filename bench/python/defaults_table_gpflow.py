@@ -79,9 +79,10 @@ def main():
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     d = np.load(args.data)
-    n_splits = sum(1 for k in d.files if k.startswith("Xtr_"))
+    # (the splits' own numbers: a resumed run sends only the missing ones)
+    splits = sorted(int(name[len("Xtr_"):]) for name in d.files if name.startswith("Xtr_"))
     C = int(d["n_classes"])
-    for k in range(n_splits):
+    for k in splits:
         arrays = (np.asarray(d[f"{part}_{k}"]) for part in ("Xtr", "ytr", "Xte", "yte"))
         Xtr, ytr, Xte, yte = arrays
         for kernel_name in args.kernels.split(","):
