@@ -155,43 +155,62 @@ def _blas_counts():
     return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
 
 
+class _Interleaved:
+    """Two threads, A and B, whose scopes overlap in the order A opens, B opens, A closes, B
+    closes: each calls hold() while its scope is open and released() after closing it."""
+
+    def __init__(self):
+        import threading
+
+        self._name = lambda: threading.current_thread().name
+        self._thread = threading.Thread
+        self.a_in, self.b_in, self.a_out = (threading.Event() for _ in range(3))
+
+    def hold(self):
+        if self._name() == "A":
+            self.a_in.set()
+            self.b_in.wait(10)
+        else:
+            self.a_in.wait(10)
+            self.b_in.set()
+            self.a_out.wait(10)
+
+    def released(self):
+        if self._name() == "A":
+            self.a_out.set()
+
+    def run(self, target):
+        threads = [self._thread(target=target, name=name) for name in "AB"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
 def test_one_blas_thread_scopes_in_threads_restore_the_count(monkeypatch, restore_threads):
     # OpenBLAS's openblas_set_num_threads_local is process-wide (pthreads builds call the
     # global setter). _threads.minimize in two threads, each setting one BLAS thread for scipy's
     # part and putting back the count it found, restored in the wrong order (A found 2, B found
     # A's 1, A put back 2, B put back 1), and the BLAS stayed on one thread for the process.
     # (Where the BLAS's count cannot be set, the scopes set nothing and must change nothing.)
-    import threading
-
     import scipy.optimize
 
     from pygpfast import _threads
 
     pygpfast.set_num_threads(2)
     before = _blas_counts()
-    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    order = _Interleaved()
 
     def fake_minimize(fun, x0, callback=None, **kwargs):  # (scipy's part: A's, then B's, open)
-        if threading.current_thread().name == "A":
-            a_in.set()
-            b_in.wait(10)
-        else:
-            a_in.wait(10)
-            b_in.set()
-            a_out.wait(10)
+        order.hold()
         return fun(x0)
 
     def run():
         _threads.minimize(lambda x: 0.0, np.zeros(1))
-        if threading.current_thread().name == "A":
-            a_out.set()
+        order.released()
 
     monkeypatch.setattr(scipy.optimize, "minimize", fake_minimize)
-    threads = [threading.Thread(target=run, name=name) for name in "AB"]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    order.run(run)
     assert _blas_counts() == before
 
 
@@ -242,28 +261,17 @@ def test_process_wide_one_blas_thread_scopes_are_counted(monkeypatch):
 
     monkeypatch.setattr(_threads._core, "threads", NoThreadControl)
     monkeypatch.setattr(_threads, "threadpool_limits", Limiter)
-    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    order = _Interleaved()
 
     def run():
         name = threading.current_thread().name
         with _threads.one_blas_thread(process_wide=True):
-            if name == "A":
-                a_in.set()
-                b_in.wait(10)
-            else:
-                a_in.wait(10)
-                b_in.set()
-                a_out.wait(10)
+            order.hold()
             events.append(f"{name} in")
         events.append(f"{name} out")
-        if name == "A":
-            a_out.set()
+        order.released()
 
-    threads = [threading.Thread(target=run, name=name) for name in "AB"]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    order.run(run)
     assert events == ["set 1", "A in", "A out", "B in", "restored", "B out"]
     with _threads.one_blas_thread():  # (without process_wide: nothing set)
         pass

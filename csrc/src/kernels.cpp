@@ -366,7 +366,7 @@ class Stationary final : public Node {
     const double* z = column ? in.X2.row(0) : in.X.row(0);
     const index_t n = many.rows, D = many.cols;
     workspace::Scratch r2(n);
-    parallel_for(n, std::max<index_t>(1, kMinEntriesPerThread / std::max<index_t>(D, 1)), [&](index_t j) {
+    for_each_row(n, D, false, [&](index_t j, index_t) {
       const double* x = many.row(j);
       double sum = 0.0;
       for (index_t d = 0; d < D; ++d) {

@@ -348,16 +348,22 @@ void for_each_block(const index_t* offsets, index_t blocks, const Body& body) {
   errors.rethrow();
 }
 
+// Copies rows[0..n) of X into buffer [n, D].
+ConstMatrixView copy_rows(ConstMatrixView X, const index_t* rows, index_t n, std::vector<double>& buffer) {
+  const index_t D = X.cols;
+  resize(buffer, n * D);
+  for (index_t i = 0; i < n; ++i) std::copy(X.row(rows[i]), X.row(rows[i]) + D, buffer.data() + i * D);
+  return ConstMatrixView(buffer.data(), n, D);
+}
+
 // Copies the block's rows of X and y into ws.X [n, D] and ws.y [n].
 ConstMatrixView gather(ConstMatrixView X, const double* y, const index_t* rows, index_t n, BlockWorkspace& ws) {
-  const index_t D = X.cols;
-  resize(ws.X, n * D);
-  for (index_t i = 0; i < n; ++i) std::copy(X.row(rows[i]), X.row(rows[i]) + D, ws.X.data() + i * D);
+  const ConstMatrixView Xb = copy_rows(X, rows, n, ws.X);
   if (y != nullptr) {
     resize(ws.y, n);
     for (index_t i = 0; i < n; ++i) ws.y[static_cast<std::size_t>(i)] = y[rows[i]];
   }
-  return ConstMatrixView(ws.X.data(), n, D);
+  return Xb;
 }
 
 void check_finite(ConstMatrixView X, const char* name) {
@@ -566,12 +572,7 @@ void predict_blocks(const KernelSpec& spec, const Start& fitted, ConstMatrixView
     const index_t* listed = test.rows != nullptr ? test.rows + test.offsets[p] : nullptr;
     const index_t Tp = listed != nullptr ? test.offsets[p + 1] - test.offsets[p] : T;
     if (Tp == 0) return;
-    ConstMatrixView Xp = Xnew;
-    if (listed != nullptr) {
-      resize(ws.Xt, Tp * D);
-      for (index_t i = 0; i < Tp; ++i) std::copy(Xnew.row(listed[i]), Xnew.row(listed[i]) + D, ws.Xt.data() + i * D);
-      Xp = ConstMatrixView(ws.Xt.data(), Tp, D);
-    }
+    const ConstMatrixView Xp = listed != nullptr ? copy_rows(Xnew, listed, Tp, ws.Xt) : Xnew;
     // Test points in chunks of about 2^18 kernel entries.
     const index_t chunk = std::max<index_t>(1, std::min<index_t>(Tp, (index_t{1} << 18) / n));
     resize(ws.K, chunk * n);

@@ -5,7 +5,6 @@ weights and the predictions need. :func:`fit_chunk` is a plain function of array
 worker runs it as it is (:mod:`._dask`).
 """
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,9 +13,8 @@ from scipy.special import logsumexp
 from .. import _core
 from .._base import _optimize
 from .._threads import one_blas_thread
+from ..priors import LogNormal
 from . import _proposal
-
-_LOG_2PI = math.log(2.0 * math.pi)
 
 
 @dataclass(frozen=True)
@@ -69,16 +67,16 @@ def _fit_call(cfg, X, y, offsets, rows, *, params, noise, mean, optimize):
 
 
 def log_prior(cfg, u):
-    """(sum of the Gaussian log densities of u's coordinates under cfg's prior, gradient) for
-    u [n_u] (the first n_u coordinates of the core's P + 2); (0, 0) without a prior."""
+    """(sum of the log densities of u's coordinates under cfg's prior, gradient) for u [n_u]
+    (the first n_u coordinates of the core's P + 2): LogNormal's densities on the coordinates
+    with a prior; (0, 0) without one."""
     grad = np.zeros(u.size)
-    if cfg.prior_loc is None:
+    on = np.zeros(u.size, dtype=bool) if cfg.prior_loc is None else cfg.prior_scale[:u.size] > 0
+    if not on.any():
         return 0.0, grad
-    s = cfg.prior_scale[:u.size]
-    on = s > 0
-    z = (u[on] - cfg.prior_loc[:u.size][on]) / s[on]
-    grad[on] = -z / s[on]
-    return float(np.sum(-0.5 * z * z - np.log(s[on]) - 0.5 * _LOG_2PI)), grad
+    prior = LogNormal(cfg.prior_loc[:u.size][on], cfg.prior_scale[:u.size][on])
+    grad[on] = prior.grad(u[on])
+    return float(np.sum(prior.log_density(u[on]))), grad
 
 
 def _shared_theta(cfg, X, y, blocks):

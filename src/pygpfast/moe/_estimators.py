@@ -264,7 +264,7 @@ class _ISMOEEstimator(GPEstimator):
             top = np.max(log_c, axis=1, keepdims=True)
             kept = log_c >= top + math.log(self._NEGLIGIBLE_MASS / P)
             log_c = np.where(kept, log_c, -np.inf)
-            log_c -= logsumexp(log_c, axis=1, keepdims=True)
+            _proposal.normalise_rows(log_c)
             block, row = np.nonzero(kept.T)  # (by block, rows ascending)
             test_offsets = np.zeros(P + 1, dtype=np.int64)
             np.cumsum(np.bincount(block, minlength=P), out=test_offsets[1:])
@@ -273,7 +273,7 @@ class _ISMOEEstimator(GPEstimator):
                 st["factor"], likelihood=self._core_likelihood(),
                 noise_variance=st["noise_variance"] if gaussian else None,
                 mean=st["mean"] if gaussian else None, W=None if gaussian else st["W"],
-                test_offsets=test_offsets, test_rows=row.astype(np.int64))
+                test_offsets=test_offsets, test_rows=np.ascontiguousarray(row, dtype=np.int64))
             yield slice(a, a + Xc.shape[0]), log_c, pred
 
     @staticmethod

@@ -11,7 +11,6 @@ Inputs are standardised (column means and scales of the training X) before the m
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import logsumexp
 
 from .. import _core
 from .._threads import one_blas_thread
@@ -80,6 +79,16 @@ def log_component_density(Xs, log_pi, mu, R, experts=None):
     return const - 0.5 * quad
 
 
+def normalise_rows(a):
+    """Subtract each row's log-sum-exp from a [T, K], in place, where the row has a finite
+    entry; returns that mask [T]. (By hand: scipy's logsumexp costs 0.6 ms of checks per call,
+    1.4 s of a 10 000-row prediction from 128 samples.)"""
+    top = np.max(a, axis=1, keepdims=True)
+    kept = top[:, 0] > -np.inf
+    a[kept] -= top[kept] + np.log(np.sum(np.exp(a[kept] - top[kept]), axis=1, keepdims=True))
+    return kept
+
+
 def log_responsibilities(Xs, log_pi, mu, R, experts):
     """log rho_k(x) [T, len(experts)]: the components' log densities normalised over
     `experts`. A row at which every density underflows (a test point beyond about 1e154
@@ -87,13 +96,7 @@ def log_responsibilities(Xs, log_pi, mu, R, experts):
     shares, to the experts nearest to it in Mahalanobis distance: the limit of rho along
     its direction."""
     logr = log_component_density(Xs, log_pi, mu, R, experts)
-    top = np.max(logr, axis=1, keepdims=True)
-    kept = top[:, 0] > -np.inf
-    # (logsumexp by hand: scipy's costs 0.6 ms of checks per call, 1.4 s of a 10 000-row
-    # prediction from 128 samples)
-    shifted = np.exp(logr[kept] - top[kept])
-    logr[kept] -= top[kept] + np.log(np.sum(shifted, axis=1, keepdims=True))
-    lost = np.flatnonzero(~kept)
+    lost = np.flatnonzero(~normalise_rows(logr))
     if lost.size:
         far = Xs[lost]
         unit = np.maximum(np.max(np.abs(far), axis=1, keepdims=True), 1.0)
@@ -125,7 +128,7 @@ def draw_sample(Xs, seed, j, *, K, B, partition, prior):
     else:
         phi = draw_mixture(rng, K, D, prior)
         logr = log_component_density(Xs[U], *phi)
-        logr -= logsumexp(logr, axis=1, keepdims=True)
+        normalise_rows(logr)
         cdf = np.cumsum(np.exp(logr), axis=1)
         u = rng.random(U.size) * cdf[:, -1]
         z = np.minimum((cdf < u[:, None]).sum(axis=1), K - 1)
