@@ -148,6 +148,66 @@ def test_one_point_against_many_matches_numpy(name, restore_threads):
                                        rtol=1e-12, atol=1e-13)
 
 
+def has_isotropic_stationary(tree):
+    if tree[0] == "leaf":
+        return tree[1] in STATIONARY and tree[2].size == 2
+    return any(has_isotropic_stationary(c) for c in tree[1])
+
+
+@pytest.mark.parametrize("name", TREES)
+def test_shared_squared_distances_match_each_leafs_own(name, restore_threads):
+    # kernels::SquaredDistances: the distances of X and X2 computed once for several kernels
+    # (an IVM's class kernels, a kernel's value and its vjp). Isotropic stationary leaves read
+    # r^2 / l^2 from them; every other leaf (ARD, Linear, ...) computes as without them, and so
+    # do all leaves when input gradients are asked for or the inputs lie so far from their mean
+    # (in lengthscales) that the expansion would lose digits. K and the parameters' gradient
+    # against numpy and against the leaves' own path, for the matrix case (GEMM expansion) and
+    # one point in both orientations (summed directly); equal for 1 and 2 threads.
+    tree = TREES[name]
+    codes, params = describe(tree)
+    rng = np.random.default_rng(11)
+    reads = has_isotropic_stationary(tree)
+    for scale in (1.0, 1e4):
+        X = rng.normal(size=(40, 3)) * scale
+        for X2 in (rng.normal(size=(30, 3)) * scale, X[:1] + 0.25, None):
+            A, B = (X, X2) if X2 is not None else (X[:1] - 0.5, X)
+            one_point = min(A.shape[0], B.shape[0]) == 1
+            G = rng.normal(size=(A.shape[0], B.shape[0]))
+            own = _core.kernels.K(codes, params, A, B)
+            own_grad = _core.kernels.K_vjp(codes, params, A, B, G)[0]
+            got = []
+            for threads in (1, 2):
+                _core.threads.set_num_threads(threads)
+                got.append((_core.kernels.K(codes, params, A, B, distances=True),
+                            _core.kernels.K_vjp(codes, params, A, B, G, distances=True)[0]))
+            np.testing.assert_array_equal(got[0][0], got[1][0])
+            np.testing.assert_array_equal(got[0][1], got[1][1])
+            K, grad = got[0]
+            if not reads or not (one_point or scale == 1.0):
+                # (spread over 1e4 lengthscales: the expansion would lose digits, the leaves sum
+                # their distances directly instead; one point is always summed directly)
+                np.testing.assert_array_equal(K, own)
+                np.testing.assert_array_equal(grad, own_grad)
+                continue
+            ref = ref_K(tree, A, B)
+            np.testing.assert_allclose(K, ref, rtol=1e-11, atol=1e-13 * np.abs(ref).max())
+            np.testing.assert_allclose(K, own, rtol=1e-11, atol=1e-13 * np.abs(own).max())
+            np.testing.assert_allclose(grad, own_grad, rtol=1e-10, atol=1e-11 * np.abs(own_grad).max())
+            # with input gradients the leaves take their own vjp path (a product's siblings'
+            # values may still come from the distances)
+            with_dX = _core.kernels.K_vjp(codes, params, A, B, G, True, True, distances=True)
+            without = _core.kernels.K_vjp(codes, params, A, B, G, True, True)
+            for a, b in zip(with_dX, without):
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-11 * np.abs(b).max())
+
+
+def test_shared_squared_distances_refuse_K_of_X_with_itself():
+    codes, params = describe(TREES["rbf"])
+    X = np.random.default_rng(0).normal(size=(5, 3))
+    with pytest.raises(ValueError, match="two different inputs"):
+        _core.kernels.K(codes, params, X, None, distances=True)
+
+
 def central_difference(f, x, eps=1e-6):
     x = np.array(x, dtype=np.float64)
     grad = np.zeros_like(x)

@@ -42,20 +42,24 @@ void bind_kernels(py::module_& m) {
   m.def(
       "K",
       [](const py::array& codes, const py::array& params, const py::array& x,
-         const std::optional<py::array>& x2) {
+         const std::optional<py::array>& x2, bool distances) {
         const Pair in = as_pair(x, x2);
         const auto kernel = make_kernel(codes, params, in.X.cols);
         auto out = new_matrix(in.X.rows, in.X2.rows);
         const MatrixView K = view_of(out);
         {
           py::gil_scoped_release release;
-          kernel.K(in.X, in.X2, in.same, K);
+          std::optional<kernels::SquaredDistances> r2;
+          if (distances) r2.emplace(in.X, in.X2);
+          kernel.K(in.X, in.X2, in.same, K, r2 ? &*r2 : nullptr);
         }
         return out;
       },
-      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("X2").none(true),
+      py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("X2").none(true), py::kw_only(),
+      py::arg("distances") = false,
       "K(X, X2) [N, M] of the kernel described by (codes int32, params float64); X2=None is "
-      "K(X, X).");
+      "K(X, X). distances=True passes the leaves the squared distances of X and X2 computed once "
+      "(kernels::SquaredDistances, as callers sharing them across kernels do; not with X2=None).");
 
   m.def(
       "Kdiag",
@@ -76,7 +80,7 @@ void bind_kernels(py::module_& m) {
       "K_vjp",
       [](const py::array& codes, const py::array& params, const py::array& x,
          const std::optional<py::array>& x2, const py::array& g, bool want_dX, bool want_dX2,
-         const std::optional<py::array>& values) {
+         const std::optional<py::array>& values, bool distances) {
         const Pair in = as_pair(x, x2);
         const auto kernel = make_kernel(codes, params, in.X.cols);
         const ConstMatrixView G = as_matrix(g, "G");
@@ -97,20 +101,24 @@ void bind_kernels(py::module_& m) {
         double* dp = dparams.mutable_data();
         {
           py::gil_scoped_release release;
+          std::optional<kernels::SquaredDistances> r2;
+          if (distances) r2.emplace(in.X, in.X2);
+          const kernels::SquaredDistances* r2p = r2 ? &*r2 : nullptr;
           if (values)
-            kernel.K_vjp(in.X, in.X2, in.same, G, Kv, dp, want_dX ? &dX : nullptr, want_dX2 ? &dX2 : nullptr);
+            kernel.K_vjp(in.X, in.X2, in.same, G, Kv, dp, want_dX ? &dX : nullptr, want_dX2 ? &dX2 : nullptr, r2p);
           else
-            kernel.K_vjp(in.X, in.X2, in.same, G, dp, want_dX ? &dX : nullptr, want_dX2 ? &dX2 : nullptr);
+            kernel.K_vjp(in.X, in.X2, in.same, G, dp, want_dX ? &dX : nullptr, want_dX2 ? &dX2 : nullptr, r2p);
         }
         return py::make_tuple(dparams, dX_out, dX2_out);
       },
       py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("X2").none(true), py::arg("G"),
-      py::arg("want_dX") = false, py::arg("want_dX2") = false, py::arg("values") = py::none(),
+      py::arg("want_dX") = false, py::arg("want_dX2") = false, py::arg("values") = py::none(), py::kw_only(),
+      py::arg("distances") = false,
       "Vector-Jacobian products of sum(G * K(X, X2)): (dparams [P], dX [N, D] or None, "
       "dX2 [M, D] or None). With X2=None, dX and dX2 are the partial gradients through the "
       "first and second argument; the gradient wrt X is their sum. `values` = K(X, X2) from a "
       "forward pass lets kernels whose gradients follow from their values (a single RBF) skip "
-      "evaluating it again.");
+      "evaluating it again; distances=True as for K.");
 
   m.def(
       "Kdiag_vjp",

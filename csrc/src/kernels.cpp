@@ -116,6 +116,30 @@ void squared_distances_row(const double* a, ConstMatrixView bT, index_t n, doubl
   }
 }
 
+// sum_d ((x[d] - z[d]) s[d])^2 in 16 interleaved partial sums (part k sums d = k mod 16, in
+// order), combined in a fixed tree: SIMD-wide without -ffast-math, and the same digits from the
+// AVX-512, AVX2 and baseline clones (a plain running sum is one add-latency chain per element).
+PYGPFAST_SIMD_CLONES double scaled_squared_distance(index_t D, const double* x, const double* z,
+                                                    const double* s) noexcept {
+  constexpr int kParts = 16;
+  double part[kParts] = {};
+  index_t d = 0;
+  for (; d + kParts <= D; d += kParts) {
+#pragma omp simd
+    for (int k = 0; k < kParts; ++k) {
+      const double u = (x[d + k] - z[d + k]) * s[d + k];
+      part[k] += u * u;
+    }
+  }
+  for (int k = 0; d + k < D; ++k) {
+    const double u = (x[d + k] - z[d + k]) * s[d + k];
+    part[k] += u * u;
+  }
+  for (int w = kParts / 2; w >= 1; w /= 2)
+    for (int k = 0; k < w; ++k) part[k] += part[k + w];
+  return part[0];
+}
+
 std::vector<double> row_squared_norms(ConstMatrixView A) {
   std::vector<double> out(static_cast<std::size_t>(A.rows));
   for_each_row(A.rows, A.cols, false, [&](index_t i, index_t cols) {
@@ -133,6 +157,7 @@ std::vector<double> row_squared_norms(ConstMatrixView A) {
 struct Inputs {
   ConstMatrixView X, X2;
   bool same;
+  const SquaredDistances* distances = nullptr;  // of X and X2, when the caller has them
 };
 
 }  // namespace
@@ -332,6 +357,49 @@ struct ScaledPair {
   std::vector<double> a_norms, b_norms;
 };
 
+}  // namespace
+
+SquaredDistances::SquaredDistances(ConstMatrixView X, ConstMatrixView X2) : X_(X), X2_(X2) {
+  require(X.cols == X2.cols, "X has ", X.cols, " columns and X2 ", X2.cols);
+}
+
+void SquaredDistances::compute() const {
+  computed_ = true;
+  const index_t N = X_.rows, M = X2_.rows, D = X_.cols;
+  r2_.assign(static_cast<std::size_t>(N * M), 0.0);
+  if (N == 0 || M == 0) return;
+  const std::vector<double> ones(static_cast<std::size_t>(D), 1.0);
+  if (N == 1 || M == 1) {
+    const bool column = M == 1;
+    const ConstMatrixView many = column ? X_ : X2_;
+    const double* z = column ? X2_.row(0) : X_.row(0);
+    for_each_row(many.rows, D, false, [&](index_t j, index_t) {
+      r2_[j] = scaled_squared_distance(D, many.row(j), z, ones.data());
+    });
+    return;
+  }
+  const std::vector<double> shift = column_means(X_);
+  const Matrix a_buf = scale_columns(X_, shift, ones), b_buf = scale_columns(X2_, shift, ones);
+  const ConstMatrixView a = a_buf.view(), b = b_buf.view();
+  const std::vector<double> a_norms = row_squared_norms(a), b_norms = row_squared_norms(b);
+  for (double v : a_norms) max_norm_ = std::max(max_norm_, v);
+  for (double v : b_norms) max_norm_ = std::max(max_norm_, v);
+  if (!std::isfinite(max_norm_)) max_norm_ = HUGE_VAL;
+  const MatrixView out(r2_.data(), N, M);
+  cross_product(a, b, false, -2.0, out);
+  for_each_row(N, M, false, [&](index_t i, index_t end) {
+    double* o = out.row(i);
+    for (index_t j = 0; j < end; ++j) o[j] = std::max(0.0, o[j] + (a_norms[i] + b_norms[j]));
+  });
+}
+
+bool SquaredDistances::usable(double inv_lengthscale_sq) const {
+  if (!computed_) compute();
+  return max_norm_ * inv_lengthscale_sq <= kExpansionNormLimit;
+}
+
+namespace {
+
 template <KernelType T>
 class Stationary final : public Node {
  public:
@@ -345,6 +413,7 @@ class Stationary final : public Node {
   }
 
   void K(const Inputs& in, MatrixView out) const override {
+    if (reads(in.distances)) return K_from_distances(*in.distances, out);
     if (!in.same && (in.X.rows == 1 || in.X2.rows == 1)) return K_one_point(in, out);
     const ScaledPair s(in, inv_lengthscale_);
     if (s.expansion_inexact()) return K_direct(s, in.same, out);
@@ -355,11 +424,29 @@ class Stationary final : public Node {
     if (in.same) linalg::mirror_lower(out);
   }
 
+  // Whether the caller's squared distances serve this leaf (SquaredDistances).
+  bool reads(const SquaredDistances* r2) const {
+    return r2 != nullptr && !ard_ && r2->usable(inv_lengthscale_[0] * inv_lengthscale_[0]);
+  }
+
+  // K from the squared distances: f(r^2 / l^2) per entry (the distances are of two different
+  // inputs: no diagonal to pin).
+  void K_from_distances(const SquaredDistances& r2, MatrixView out) const {
+    const double s = inv_lengthscale_[0] * inv_lengthscale_[0];
+    const std::vector<double> zeros(static_cast<std::size_t>(out.cols), 0.0);
+    for_each_row(out.rows, out.cols, false, [&](index_t i, index_t end) {
+      const double* r = r2.row(i);
+      double* o = out.row(i);
+      for (index_t j = 0; j < end; ++j) o[j] = r[j] * s;
+      stationary_row(T, o, zeros.data(), 0.0, -1, variance_, end);
+    });
+  }
+
   // K between one point and the rows of a matrix (a kernel column, as an IVM inclusion needs),
   // from the squared distances sum_d ((x_jd - z_d) / l_d)^2 summed directly in one pass over the
   // matrix: the expansion's scaled copy, norms and GEMM (which packs the whole matrix for one
   // column) read it five times. (An IVM selection at n = 4000, D = 784, C = 5 kernels, d = 400:
-  // 2000 columns.) Rows in parallel, each summed over d in order: the same for any thread count.
+  // 2000 columns.) Rows in parallel, each summed in a fixed order: the same for any thread count.
   void K_one_point(const Inputs& in, MatrixView out) const {
     const bool column = in.X2.rows == 1;  // out [N, 1]; else [1, M]
     const ConstMatrixView many = column ? in.X : in.X2;
@@ -367,13 +454,7 @@ class Stationary final : public Node {
     const index_t n = many.rows, D = many.cols;
     workspace::Scratch r2(n);
     for_each_row(n, D, false, [&](index_t j, index_t) {
-      const double* x = many.row(j);
-      double sum = 0.0;
-      for (index_t d = 0; d < D; ++d) {
-        const double u = (x[d] - z[d]) * inv_lengthscale_[d];
-        sum += u * u;
-      }
-      r2.data()[j] = sum;
+      r2.data()[j] = scaled_squared_distance(D, many.row(j), z, inv_lengthscale_.data());
     });
     const std::vector<double> zeros(static_cast<std::size_t>(n), 0.0);
     stationary_row(T, r2.data(), zeros.data(), 0.0, -1, variance_, n);
@@ -407,6 +488,7 @@ class Stationary final : public Node {
   void K_vjp(const Inputs& in, ConstMatrixView G, double* dparams, MatrixView* dX,
              MatrixView* dX2) const override {
     const index_t N = in.X.rows, M = in.X2.rows;
+    if (dX == nullptr && dX2 == nullptr && reads(in.distances)) return K_vjp_from_distances(*in.distances, G, dparams);
     const ScaledPair s(in, inv_lengthscale_);
     const bool direct = s.expansion_inexact();
     const Matrix bT_buf = direct ? s.b_transposed() : Matrix(0, 0);
@@ -482,6 +564,26 @@ class Stationary final : public Node {
   // The lengthscale (when `lengthscales`; per dimension, summed for an isotropic kernel), dX and
   // dX2 gradients from W and its row sums R (see K_vjp). The O((N + M) D) loops are too small to
   // be worth threads.
+  // The vjp for the variance and the (isotropic) lengthscale from the squared distances.
+  void K_vjp_from_distances(const SquaredDistances& r2, ConstMatrixView G, double* dparams) const {
+    const index_t N = G.rows, M = G.cols;
+    const double s = inv_lengthscale_[0] * inv_lengthscale_[0];
+    const std::vector<double> zeros(static_cast<std::size_t>(M), 0.0);
+    std::vector<double> row_gf(N), row_wr2(N);
+    for_each_row(N, M, false, [&](index_t i, index_t end) {
+      const double* r = r2.row(i);
+      thread_local std::vector<double> w;
+      w.resize(static_cast<std::size_t>(end));
+      for (index_t j = 0; j < end; ++j) w[j] = r[j] * s;
+      double sums[3];
+      stationary_vjp_row(T, w.data(), G.row(i), zeros.data(), 0.0, -1, variance_, end, sums);
+      row_gf[i] = sums[0];
+      row_wr2[i] = sums[2];
+    });
+    dparams[offset_] += ordered_sum(row_gf);
+    dparams[offset_ + 1] += -2.0 * inv_lengthscale_[0] * ordered_sum(row_wr2);
+  }
+
   void contract(const ScaledPair& s, ConstMatrixView W, const std::vector<double>& row_w, bool lengthscales,
                 double* dparams, MatrixView* dX, MatrixView* dX2) const {
     const index_t N = W.rows, M = W.cols, D = s.a.cols;
@@ -944,6 +1046,12 @@ void check_inputs(const Inputs& in, index_t D) {
   require(in.X.cols == D, "X has ", in.X.cols, " columns but the kernel was built for input_dim ", D);
   require(in.X2.cols == D, "X2 has ", in.X2.cols, " columns but the kernel was built for input_dim ", D);
   require(!in.same || in.X2.rows == in.X.rows, "same=true needs X2 to be X");
+  if (in.distances != nullptr) {
+    require(!in.same, "squared distances are for two different inputs, not K(X, X)");
+    require(in.distances->rows() == in.X.rows && in.distances->cols() == in.X2.rows, "the squared distances are [",
+            in.distances->rows(), ", ", in.distances->cols(), "] for inputs of ", in.X.rows, " and ", in.X2.rows,
+            " rows");
+  }
 }
 
 // "[rows, cols]" in error messages.
@@ -978,8 +1086,9 @@ Kernel& Kernel::operator=(Kernel&&) noexcept = default;
 index_t Kernel::num_params() const { return num_params_; }
 index_t Kernel::input_dim() const { return input_dim_; }
 
-void Kernel::K(ConstMatrixView X, ConstMatrixView X2, bool same, MatrixView out) const {
-  const Inputs in{X, X2, same};
+void Kernel::K(ConstMatrixView X, ConstMatrixView X2, bool same, MatrixView out,
+               const SquaredDistances* distances) const {
+  const Inputs in{X, X2, same, distances};
   check_inputs(in, input_dim_);
   check_shape("K output", out.rows, out.cols, X.rows, X2.rows);
   if (X.rows == 0 || X2.rows == 0) return;
@@ -993,13 +1102,14 @@ void Kernel::Kdiag(ConstMatrixView X, double* out) const {
 }
 
 void Kernel::K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrixView G,
-                   double* dparams, MatrixView* dX, MatrixView* dX2) const {
-  K_vjp(X, X2, same, G, ConstMatrixView(), dparams, dX, dX2);
+                   double* dparams, MatrixView* dX, MatrixView* dX2, const SquaredDistances* distances) const {
+  K_vjp(X, X2, same, G, ConstMatrixView(), dparams, dX, dX2, distances);
 }
 
 void Kernel::K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrixView G,
-                   ConstMatrixView values, double* dparams, MatrixView* dX, MatrixView* dX2) const {
-  const Inputs in{X, X2, same};
+                   ConstMatrixView values, double* dparams, MatrixView* dX, MatrixView* dX2,
+                   const SquaredDistances* distances) const {
+  const Inputs in{X, X2, same, distances};
   const bool have_values = values.data != nullptr;
   check_inputs(in, input_dim_);
   check_shape("G", G.rows, G.cols, X.rows, X2.rows);

@@ -36,6 +36,37 @@ enum class KernelType : std::int32_t {
 
 struct Node;  // defined in kernels.cpp
 
+// The squared Euclidean distances |x_i - x2_j|^2 between the rows of X [N, D] and X2 [M, D]
+// (two different matrices: not K(X, X)), computed once for several kernels on the same inputs:
+// the per-class kernels of an IVM, a kernel's value and then its vector-Jacobian product. An
+// isotropic stationary leaf (RBF, Matern with one lengthscale l) reads r^2 / l^2 from here in
+// one pass over [N, M] instead of scaling both inputs and running its own GEMM (or, for one
+// point, its own pass over the other matrix). Leaves that cannot use them (ARD lengthscales,
+// input gradients asked for, or inputs so far from their mean in units of l that the GEMM
+// expansion would lose digits) compute as they would without.
+// With N = 1 or M = 1 the distances are summed directly (exact to rounding); otherwise from the
+// expansion |a|^2 + |b|^2 - 2 a.b of the inputs centred on the mean of X, clamped at 0.
+class SquaredDistances {
+ public:
+  // Keeps the views (X and X2 must outlive this); the distances are computed when a leaf first
+  // asks (none when no leaf can use them). Not for concurrent use from several threads.
+  SquaredDistances(ConstMatrixView X, ConstMatrixView X2);
+  index_t rows() const { return X_.rows; }
+  index_t cols() const { return X2_.rows; }
+  // Whether a leaf with 1 / l^2 = inv_lengthscale_sq can read these: it loses no more to the
+  // expansion than its own GEMM path would (kernels.cpp, kExpansionNormLimit). Computes them
+  // on the first call.
+  bool usable(double inv_lengthscale_sq) const;
+  const double* row(index_t i) const { return r2_.data() + i * X2_.rows; }
+
+ private:
+  void compute() const;
+  ConstMatrixView X_, X2_;
+  mutable bool computed_ = false;
+  mutable double max_norm_ = 0.0;  // largest squared norm of a centred input row (0 when summed directly)
+  mutable std::vector<double> r2_;
+};
+
 class Kernel {
  public:
   // Parses and validates the description (throws std::invalid_argument with a clear
@@ -49,8 +80,10 @@ class Kernel {
   index_t num_params() const;
   index_t input_dim() const;
 
-  // out [N, M] = K(X, X2). `same` tells that X2 is X (White contributes then).
-  void K(ConstMatrixView X, ConstMatrixView X2, bool same, MatrixView out) const;
+  // out [N, M] = K(X, X2). `same` tells that X2 is X (White contributes then). `distances`,
+  // when given, holds the squared distances between X and X2 (not with `same`).
+  void K(ConstMatrixView X, ConstMatrixView X2, bool same, MatrixView out,
+         const SquaredDistances* distances = nullptr) const;
   // out [N] = diag K(X, X).
   void Kdiag(ConstMatrixView X, double* out) const;
 
@@ -59,12 +92,12 @@ class Kernel {
   // and, when not null, dX [N, D] += sum_j G_ij dK_ij/dX_i and dX2 [M, D] += sum_i G_ij dK_ij/dX2_j.
   // (For K(Z, Z) with `same`, the gradient wrt Z is dX + dX2.)
   void K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrixView G, double* dparams,
-             MatrixView* dX, MatrixView* dX2) const;
+             MatrixView* dX, MatrixView* dX2, const SquaredDistances* distances = nullptr) const;
   // The same, given the forward pass's K(X, X2) (`values`, [N, M]; an empty view means none):
   // kernels whose gradients follow from their values (a single RBF: dk/d(r^2) = -k/2) skip
   // evaluating the distances and exps again; the others compute the vjp as above.
   void K_vjp(ConstMatrixView X, ConstMatrixView X2, bool same, ConstMatrixView G, ConstMatrixView values,
-             double* dparams, MatrixView* dX, MatrixView* dX2) const;
+             double* dparams, MatrixView* dX, MatrixView* dX2, const SquaredDistances* distances = nullptr) const;
   // dparams[p] += sum_i g_i d diag(K)_i / dtheta_p.
   void Kdiag_vjp(ConstMatrixView X, const double* g, double* dparams) const;
 

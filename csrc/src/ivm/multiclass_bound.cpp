@@ -156,10 +156,11 @@ void multiclass_predict(const ClassKernels& kernels, int C, ConstMatrixView XI, 
   for (index_t t0 = 0; t0 < T; t0 += kBlock) {
     const index_t tb = std::min(kBlock, T - t0);
     const ConstMatrixView Xb(Xnew.row(t0), tb, Xnew.cols, Xnew.ld);
+    const kernels::SquaredDistances r2(XI, Xb);  // (shared by the class kernels)
     for (int c = 0; c < C; ++c) {
       const kernels::Kernel& kern = *kernels[nk == 1 ? 0 : c];
       MatrixView Kv(Kc.data(), d, tb);
-      kern.K(XI, Xb, false, Kv);
+      kern.K(XI, Xb, false, Kv, nk > 1 ? &r2 : nullptr);
       kern.Kdiag(Xb, kss.data());
       blas::gemv(Trans::Yes, 1.0, Kv, rep.xi[c].data(), 0.0, mtmp.data());
       for (index_t t = 0; t < tb; ++t) mean[(t0 + t) * C + c] = mtmp[t];
@@ -245,10 +246,13 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   for (std::size_t k = 0; k < nk; ++k) kernels[k]->Kdiag(X, kdiag[k].data());
   std::vector<Vec> Y(C, zeros(d * n)), Q(C, zeros(d * n));
   Vec a0 = zeros(C * n), h = zeros(C * n), KIn = zeros(d * n);
+  // The squared distances of X_I and X, for every class kernel with one lengthscale and their
+  // vjps: one d x n x D GEMM where each kernel call ran its own (2 C of them with the gradient).
+  const kernels::SquaredDistances r2(XI, X);
   for (int c = 0; c < C; ++c) {
     const std::size_t kc = nk == 1 ? 0 : c;
     if (c == 0 || nk > 1) {
-      kernels[kc]->K(XI, X, false, MatrixView(KIn.data(), d, n));
+      kernels[kc]->K(XI, X, false, MatrixView(KIn.data(), d, n), &r2);
       for (index_t k = 0; k < d; ++k) KIn[k * n + active[k]] = kdiag[kc][active[k]];
     }
     blas::gemv(Trans::Yes, 1.0, ConstMatrixView(KIn.data(), d, n), rep.xi[c].data(), 0.0, h.data() + c * n);
@@ -410,7 +414,7 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
       zdiag[k] = Z[k * n + active[k]];
       Z[k * n + active[k]] = 0.0;
     }
-    kernels[kc]->K_vjp(XI, X, false, ConstMatrixView(Z.data(), d, n), dpar, nullptr, nullptr);
+    kernels[kc]->K_vjp(XI, X, false, ConstMatrixView(Z.data(), d, n), dpar, nullptr, nullptr, &r2);
     kernels[kc]->Kdiag_vjp(XI, zdiag.data(), dpar);
     kernels[kc]->K_vjp(XI, XI, true, dd(E), dpar, nullptr, nullptr);
     kernels[kc]->Kdiag_vjp(X, gcc.data(), dpar);

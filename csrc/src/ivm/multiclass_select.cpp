@@ -63,14 +63,110 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-constexpr index_t kColumnBlock = 512;
+// Columns per task of the stub pass: the task's accumulators, C (C + 1) + C (C + 1) / 2 rows of
+// kColumnBlock doubles (25 KB at C = 5), stay in a core's L1.
+constexpr index_t kColumnBlock = 64;
 
-// sum_k x_k y_k (vectorised).
-PYGPFAST_SIMD_CLONES double column_dot(index_t d, const double* x, const double* y) {
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (index_t k = 0; k < d; ++k) s += x[k] * y[k];
-  return s;
+// What the stub pass of one inclusion reads and writes (Stubs::include, steps 4 and 5b).
+struct StubPass {
+  int C;
+  index_t n, dmax, dd;
+  double* const* Q;      // [C] -> buffers in column blocks (Stubs::Q)
+  const double* s;       // [C, n] s_c = K^(c)_{.,i} - M^(c)T m_c
+  const double* nuv;     // [C, dd] nu_c v_c
+  const double* u;       // [dd] the mean step's coefficients
+  const double* r;       // [dd] the new row's coefficients
+  const double* w;       // [C, dd] the factors Lambda_k: w_k,
+  const double* inv_delta;  //    1 / delta_k,
+  const double* gamma;      //    gamma_k
+  const double* nu;      // [C]
+  double inv_rho;
+  double* h;             // [C, n] means
+  double* a0;            // [C, n] uncoupled variances
+  double* A;             // [n, C, C] marginal covariances
+};
+
+// The pass over columns j0..j0 + nb of every class's Q (note 2.3, steps 4 and 5b): the old
+// rows become Lambda^-1 (Q^(c) - nu_c v_c s_c^T), the new row (nu_c s_c - Q'^(c)T r) / rho, and
+// the same pass reads Q^(c)T u (old rows) for the means and sums the marginal covariances
+// A_j = diag a0_j + sum_k q_kj q_kj^T from the new rows while they are in cache, so that the
+// scoring reads A_j instead of gathering C d strided stub entries per candidate. Each column's
+// arithmetic is the same whatever the block and the thread: the result does not depend on the
+// thread count. Compiled per instruction set (the loops over t are the vector loops).
+PYGPFAST_SIMD_CLONES void stub_pass_block(const StubPass& a, index_t j0, index_t nb, double* scratch) {
+  const int C = a.C;
+  const index_t n = a.n, dd = a.dd, pairs = static_cast<index_t>(C) * (C + 1) / 2;
+  double* acc = scratch;          // [C, C, nb]: class c, factor k
+  double* hacc = acc + C * C * nb;  // [C, nb]
+  double* racc = hacc + C * nb;   // [C, nb]
+  double* G = racc + C * nb;      // [pairs, nb]: (c, e <= c) in row order
+  std::fill(scratch, G + pairs * nb, 0.0);
+  for (index_t j = 0; j < dd; ++j) {
+    const double uj = a.u[j], rj = a.r[j];
+    for (int c = 0; c < C; ++c) {
+      double* row = a.Q[c] + (j0 * a.dmax + j * kColumnBlock);
+      const double* sc = a.s + c * n + j0;
+      const double vj = a.nuv[c * dd + j];
+      double* hc = hacc + c * nb;
+#pragma omp simd
+      for (index_t t = 0; t < nb; ++t) {
+        hc[t] += uj * row[t];
+        row[t] -= vj * sc[t];
+      }
+      for (int k = 0; k < C; ++k) {
+        const double wkj = a.w[k * dd + j], inv = a.inv_delta[k * dd + j], gkj = a.gamma[k * dd + j];
+        double* ak = acc + (c * C + k) * nb;
+#pragma omp simd
+        for (index_t t = 0; t < nb; ++t) {
+          const double x = (row[t] - wkj * ak[t]) * inv;
+          row[t] = x;
+          ak[t] += gkj * x;
+        }
+      }
+      double* rc = racc + c * nb;
+#pragma omp simd
+      for (index_t t = 0; t < nb; ++t) rc[t] += rj * row[t];
+    }
+    double* g = G;
+    for (int c = 0; c < C; ++c) {
+      const double* qc = a.Q[c] + (j0 * a.dmax + j * kColumnBlock);
+      for (int e = 0; e <= c; ++e, g += nb) {
+        const double* qe = a.Q[e] + (j0 * a.dmax + j * kColumnBlock);
+#pragma omp simd
+        for (index_t t = 0; t < nb; ++t) g[t] += qc[t] * qe[t];
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    double* qrow = a.Q[c] + (j0 * a.dmax + dd * kColumnBlock);
+    const double* sc = a.s + c * n + j0;
+    const double* rc = racc + c * nb;
+    const double* hc = hacc + c * nb;
+    double* h = a.h + c * n + j0;
+    double* a0 = a.a0 + c * n + j0;
+    const double nuc = a.nu[c];
+#pragma omp simd
+    for (index_t t = 0; t < nb; ++t) {
+      h[t] += hc[t];
+      qrow[t] = (nuc * sc[t] - rc[t]) * a.inv_rho;
+      a0[t] -= nuc * sc[t] * sc[t];
+    }
+  }
+  const index_t CC = static_cast<index_t>(C) * C;
+  double* g = G;
+  for (int c = 0; c < C; ++c) {
+    const double* qc = a.Q[c] + (j0 * a.dmax + dd * kColumnBlock);
+    for (int e = 0; e <= c; ++e, g += nb) {
+      const double* qe = a.Q[e] + (j0 * a.dmax + dd * kColumnBlock);
+      const double* a0 = a.a0 + c * n + j0;
+      double* Aj = a.A + j0 * CC;
+      for (index_t t = 0; t < nb; ++t) {
+        const double v = (c == e ? a0[t] : 0.0) + (g[t] + qc[t] * qe[t]);
+        Aj[t * CC + c * C + e] = v;
+        Aj[t * CC + e * C + c] = v;
+      }
+    }
+  }
 }
 
 // The representation and the stub buffers of the selection (note 2.2), all row-major.
@@ -78,55 +174,62 @@ struct Stubs {
   index_t n, dmax;
   int C;
   index_t d = 0;
-  std::vector<std::vector<double>> M, Q, L;  // per class: [dmax, n], [dmax, n], [dmax, dmax]
+  // Per class: M [dmax, n], L [dmax, dmax]; Q [dmax, n] stored in column blocks, each block's
+  // rows contiguous (row k of block b, columns b nb..b nb + nb - 1, at (b dmax + k) nb with nb =
+  // kColumnBlock): the pass streams through one block at a time, where rows n doubles apart
+  // would cost a TLB and a cache miss per row (update 4.7 s -> x s at n = 4000, d = 400, C = 5).
+  std::vector<std::vector<double>> M, Q, L;
   std::vector<double> R;                     // [dmax, dmax] lower, R R^T = Gamma
   std::vector<double> a0, h;                 // [C, n]: diag A^(c) (uncoupled part), means
+  std::vector<double> A;                     // [n, C, C]: marginal covariances, kept by the pass
+  std::vector<double> s_buffer;              // [C, n]: include's s_c
   std::vector<double> pi;                    // [dmax, C]
   std::vector<index_t> active;
 
   Stubs(index_t n_, index_t dmax_, int C_) : n(n_), dmax(dmax_), C(C_) {
     M.assign(C, std::vector<double>(static_cast<std::size_t>(dmax * n)));
-    Q.assign(C, std::vector<double>(static_cast<std::size_t>(dmax * n)));
+    Q.assign(C, std::vector<double>(static_cast<std::size_t>(dmax * ((n + kColumnBlock - 1) / kColumnBlock) * kColumnBlock)));
     L.assign(C, std::vector<double>(static_cast<std::size_t>(dmax * dmax), 0.0));
     R.assign(static_cast<std::size_t>(dmax * dmax), 0.0);
     a0.assign(static_cast<std::size_t>(C * n), 0.0);
     h.assign(static_cast<std::size_t>(C * n), 0.0);
+    A.assign(static_cast<std::size_t>(n * C * C), 0.0);
+    s_buffer.assign(static_cast<std::size_t>(C * n), 0.0);
     pi.assign(static_cast<std::size_t>(dmax * C), 0.0);
   }
 
-  // h_j [C], A_j [C, C] from the stubs: O(C^2 d). q: C d doubles of scratch (column j of every
-  // Q^(c), gathered once: C strided reads per row of the buffers instead of C (C + 1)).
-  void marginal(index_t j, double* hj, double* Aj, double* q) const {
+  // Sets the marginals of the empty representation from a0 (the kernels' diagonals).
+  void start(const std::vector<std::vector<double>>& kdiag) {
+    const std::size_t nk = kdiag.size();
     for (int c = 0; c < C; ++c) {
-      const double* src = Q[c].data() + j;
-      double* dst = q + c * d;
-      for (index_t k = 0; k < d; ++k) dst[k] = src[k * n];
+      const auto& kd = kdiag[nk == 1 ? 0 : c];
+      std::copy(kd.begin(), kd.end(), a0.begin() + c * n);
+      for (index_t j = 0; j < n; ++j) A[(j * C + c) * C + c] = kd[j];
     }
-    for (int c = 0; c < C; ++c) {
-      hj[c] = h[c * n + j];
-      for (int e = 0; e <= c; ++e) {
-        const double s = (c == e ? a0[c * n + j] : 0.0) + column_dot(d, q + c * d, q + e * d);
-        Aj[c * C + e] = s;
-        Aj[e * C + c] = s;
-      }
-    }
+  }
+
+  // h_j [C], A_j [C, C].
+  void marginal(index_t j, double* hj, double* Aj) const {
+    for (int c = 0; c < C; ++c) hj[c] = h[c * n + j];
+    std::copy(A.begin() + j * C * C, A.begin() + (j + 1) * C * C, Aj);
   }
 
   // Inclusion of point i with site pi_i [C] and mean step kappa [C] (kappa = g after the
   // projection), given the kernel columns kcol[c] = K^(c)(X, x_i) [n] (note 2.3).
   void include(index_t i, const double* pi_i, const double* kappa, const std::vector<const double*>& kcol) {
     const index_t dd = d;
-    std::vector<double> s(static_cast<std::size_t>(C * n)), m(static_cast<std::size_t>(C * dd)),
+    std::vector<double>& s = s_buffer;  // (kept: C n doubles, a fresh mmap and page faults per inclusion)
+    std::vector<double> m(static_cast<std::size_t>(C * dd)),
         v(static_cast<std::size_t>(C * dd)), w(static_cast<std::size_t>(C * dd)),
         delta(static_cast<std::size_t>(C * dd)), gamma(static_cast<std::size_t>(C * dd)), nu(C), lam(C),
-        u(static_cast<std::size_t>(dd)), tmp(static_cast<std::size_t>(dd));
+        u(static_cast<std::size_t>(dd));
     // 1. Binary quantities per class: s_c = K^(c)_{.,i} - M^(c)T M^(c)_{.,i}.
     for (int c = 0; c < C; ++c) {
       double* sc = s.data() + c * n;
       std::copy(kcol[c], kcol[c] + n, sc);
       for (index_t k = 0; k < dd; ++k) {
         m[c * dd + k] = M[c][k * n + i];
-        v[c * dd + k] = Q[c][k * n + i];
+        v[c * dd + k] = Q[c][((i / kColumnBlock) * dmax + k) * kColumnBlock + i % kColumnBlock];
       }
       if (dd > 0)
         blas::gemv(blas::Trans::Yes, -1.0, ConstMatrixView(M[c].data(), dd, n), m.data() + c * dd, 1.0, sc);
@@ -205,62 +308,29 @@ struct Stubs {
     const double rho = std::sqrt(rho2), inv_rho = 1.0 / rho;
     for (index_t k = 0; k < dd; ++k) R[dd * dmax + k] = r[k];
     R[dd * dmax + dd] = rho;
-    // 4. Old rows of Q: Q^(c) <- Lambda^{-1} (Q^(c) - nu_c v_c s_c^T), all C factors fused in one pass
-    //    over each class's buffer, in column blocks (independent: the thread count changes nothing).
-    //    The same pass reads Q^(c)T u for the means (step 2, old rows) and Q^(c)T r for the new row
-    //    (step 5b, new rows): one read and one write of the buffers per inclusion, where two
-    //    separate GEMVs read them twice more (the buffers are C d n doubles: 64 MB at n = 4000,
-    //    d = 400, C = 5).
-    // 5b. New row: q^(c) = (nu_c s_c - Q'^(c)T r) / rho.
+    // 4. Old rows of Q: Q^(c) <- Lambda^{-1} (Q^(c) - nu_c v_c s_c^T); 5b. new row: q^(c) =
+    //    (nu_c s_c - Q'^(c)T r) / rho; with the means' Q^(c)T u (step 2) and the marginal
+    //    covariances, in one pass over the buffers in column blocks (stub_pass_block): one read
+    //    and one write of them per inclusion (C d n doubles: 64 MB at n = 4000, d = 400, C = 5).
+    std::vector<double> nuv(static_cast<std::size_t>(C * dd)), inv_delta(static_cast<std::size_t>(C * dd));
+    std::vector<double*> Qp(C);
+    for (int c = 0; c < C; ++c) {
+      Qp[c] = Q[c].data();
+      for (index_t k = 0; k < dd; ++k) nuv[c * dd + k] = nu[c] * v[c * dd + k];
+    }
+    for (index_t k = 0; k < C * dd; ++k) inv_delta[k] = 1.0 / delta[k];
+    const StubPass pass{C, n, dmax, dd, Qp.data(), s.data(), nuv.data(), u.data(), r.data(), w.data(), inv_delta.data(),
+                        gamma.data(), nu.data(), inv_rho, h.data(), a0.data(), A.data()};
     const index_t nblocks = (n + kColumnBlock - 1) / kColumnBlock;
-    parallel_for(nblocks * C, 1, [&](index_t task) {
-      const int c = static_cast<int>(task / nblocks);
-      const index_t j0 = (task % nblocks) * kColumnBlock, j1 = std::min(n, j0 + kColumnBlock);
-      const index_t nb = j1 - j0;
-      double acc[kColumnBlock * 8], hacc[kColumnBlock], racc[kColumnBlock];
-      double* Qc = Q[c].data();
-      const double* sc = s.data() + c * n + j0;
-      const double nuc = nu[c];
-      // One accumulator row per factor: on the stack up to 8 classes, on the heap above.
-      std::vector<double> acc_heap;
-      double* accp = acc;
-      if (C > 8) {
-        acc_heap.assign(static_cast<std::size_t>(C * nb), 0.0);
-        accp = acc_heap.data();
-      } else {
-        std::fill(acc, acc + C * nb, 0.0);
-      }
-      std::fill(hacc, hacc + nb, 0.0);
-      std::fill(racc, racc + nb, 0.0);
-      for (index_t j = 0; j < dd; ++j) {
-        double* row = Qc + j * n + j0;
-        const double vj = nuc * v[c * dd + j], uj = u[j], rj = r[j];
-#pragma omp simd
-        for (index_t t = 0; t < nb; ++t) {
-          hacc[t] += uj * row[t];
-          row[t] -= vj * sc[t];
-        }
-        for (int k = 0; k < C; ++k) {
-          const double wkj = w[k * dd + j], inv = 1.0 / delta[k * dd + j], gkj = gamma[k * dd + j];
-          double* ak = accp + k * nb;
-#pragma omp simd
-          for (index_t t = 0; t < nb; ++t) {
-            const double x = (row[t] - wkj * ak[t]) * inv;
-            row[t] = x;
-            ak[t] += gkj * x;
-          }
-        }
-#pragma omp simd
-        for (index_t t = 0; t < nb; ++t) racc[t] += rj * row[t];
-      }
-      double* hc = h.data() + c * n + j0;
-      double* qrow = Qc + dd * n + j0;
-      for (index_t t = 0; t < nb; ++t) {
-        hc[t] += hacc[t];
-        qrow[t] = (nuc * sc[t] - racc[t]) * inv_rho;
-      }
+    const std::size_t scratch_size =
+        static_cast<std::size_t>((static_cast<index_t>(C) * (C + 2) + static_cast<index_t>(C) * (C + 1) / 2) * kColumnBlock);
+    parallel_for(nblocks, 1, [&](index_t task) {
+      thread_local std::vector<double> scratch;
+      scratch.resize(scratch_size);
+      const index_t j0 = task * kColumnBlock;
+      stub_pass_block(pass, j0, std::min(n, j0 + kColumnBlock) - j0, scratch.data());
     });
-    // 6. Binary parts: rows of L^(c) and M^(c), the uncoupled variances.
+    // 6. Binary parts: rows of L^(c) and M^(c) (the uncoupled variances a0 are the pass's).
     for (int c = 0; c < C; ++c) {
       double* lrow = L[c].data() + dd * dmax;
       const double sp = std::sqrt(pi_i[c]);
@@ -269,11 +339,7 @@ struct Stubs {
       double* mrow = M[c].data() + dd * n;
       const double* sc = s.data() + c * n;
       const double sn = std::sqrt(nu[c]);
-      double* a = a0.data() + c * n;
-      for (index_t j = 0; j < n; ++j) {
-        mrow[j] = sn * sc[j];
-        a[j] -= nu[c] * sc[j] * sc[j];
-      }
+      for (index_t j = 0; j < n; ++j) mrow[j] = sn * sc[j];
       pi[dd * C + c] = pi_i[c];
     }
     active.push_back(i);
@@ -283,11 +349,7 @@ struct Stubs {
   // h [n, C], A [n, C, C] of every point.
   void all_marginals(double* hout, double* Aout) const {
     const index_t CC = static_cast<index_t>(C) * C;
-    parallel_for(n, 64, [&](index_t j) {
-      thread_local std::vector<double> q;
-      q.resize(static_cast<std::size_t>(C * d));
-      marginal(j, hout + j * C, Aout + j * CC, q.data());
-    });
+    for (index_t j = 0; j < n; ++j) marginal(j, hout + j * C, Aout + j * CC);
   }
 };
 
@@ -314,12 +376,11 @@ struct Scorer {
   double score(const Stubs& st, index_t j, int y, int& status) const {
     const std::size_t CC = static_cast<std::size_t>(C * C);
     // (per thread, reused: the scoring runs |J| times per inclusion)
-    thread_local std::vector<double> hj, Aj, Lj, mh, Ah, Lh, p, col, q, work;
+    thread_local std::vector<double> hj, Aj, Lj, mh, Ah, Lh, p, col, work;
     for (auto* v : {&hj, &mh, &p, &col}) v->resize(static_cast<std::size_t>(C));
     for (auto* v : {&Aj, &Lj, &Ah, &Lh}) v->resize(CC);
-    q.resize(static_cast<std::size_t>(C * st.d));
     double log_Z = 0.0;
-    st.marginal(j, hj.data(), Aj.data(), q.data());
+    st.marginal(j, hj.data(), Aj.data());
     if (!small::cholesky(C, Aj.data(), Lj.data())) {
       status = 1;
       return -HUGE_VAL;
@@ -389,10 +450,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
   std::vector<std::vector<double>> kdiag(nk, std::vector<double>(static_cast<std::size_t>(n)));
   for (std::size_t k = 0; k < nk; ++k) kernels[k]->Kdiag(X, kdiag[k].data());
   Stubs st(n, d, C);
-  for (int c = 0; c < C; ++c) {
-    const auto& kd = kdiag[nk == 1 ? 0 : c];
-    std::copy(kd.begin(), kd.end(), st.a0.begin() + c * n);
-  }
+  st.start(kdiag);
 
   Selection out;
   out.n = n;
@@ -414,7 +472,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
   std::vector<int> jstatus;
   std::vector<std::vector<double>> kcol_store(nk, std::vector<double>(static_cast<std::size_t>(n)));
   std::vector<const double*> kcol(C);
-  std::vector<double> hi(C), Ai(CC), Li(CC), mh(C), Ah(CC), p(C), pi0(C), qi(static_cast<std::size_t>(C * d)), work;
+  std::vector<double> hi(C), Ai(CC), Li(CC), mh(C), Ah(CC), p(C), pi0(C), work;
 
   auto free_points = [&]() {
     avail.clear();
@@ -440,7 +498,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
                             "inclusion " + std::to_string(t + 1));
         const index_t k = rng.below(static_cast<index_t>(avail.size()));
         i = avail[k];
-        st.marginal(i, hi.data(), Ai.data(), qi.data());
+        st.marginal(i, hi.data(), Ai.data());
         if (!small::cholesky(C, Ai.data(), Li.data()))
           throw LinAlgError("ivm.multiclass_select", 1,
                             "the marginal covariance of point " + std::to_string(i) + " is not positive definite");
@@ -481,7 +539,7 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
       i = J[best_k];
       best = jscore[best_k];
       // (the scoring's moments at i again: the same arithmetic, so valid as they were there)
-      st.marginal(i, hi.data(), Ai.data(), qi.data());
+      st.marginal(i, hi.data(), Ai.data());
       small::cholesky(C, Ai.data(), Li.data());
       scorer.tilted(static_cast<int>(y[i]), hi.data(), Li.data(), mh.data(), Ah.data(), p.data(), &log_Z, work);
     }
@@ -494,8 +552,11 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
         project_constrained_site(C, hi.data(), Ai.data(), mh.data(), Ah.data(), pi0.data(), opt.max_newton);
 
     // Kernel columns K^(c)(X, x_i), with the diagonal entry from Kdiag (a White kernel's variance).
+    //    (the squared distances to x_i summed once for all class kernels with one lengthscale)
+    const ConstMatrixView xi(X.row(i), 1, X.cols, X.ld);
+    const kernels::SquaredDistances r2(X, xi);
     for (std::size_t k = 0; k < nk; ++k) {
-      kernels[k]->K(X, ConstMatrixView(X.row(i), 1, X.cols, X.ld), false, MatrixView(kcol_store[k].data(), n, 1));
+      kernels[k]->K(X, xi, false, MatrixView(kcol_store[k].data(), n, 1), nk > 1 ? &r2 : nullptr);
       kcol_store[k][i] = kdiag[k][i];
     }
     for (int c = 0; c < C; ++c) kcol[c] = kcol_store[nk == 1 ? 0 : c].data();
