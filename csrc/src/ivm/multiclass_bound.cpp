@@ -343,10 +343,16 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
       }
     }
   });
+  // YU^(c) = Y^(c) U^(c)T; S_Q = R^-1 sum_c YU^(c) (Q^(c) = R^-1 Y^(c)): C products of d x n x d,
+  // each used twice, where S_Q from Q took C more.
+  std::vector<Vec> YU(C, zeros(d * d));
   Vec SQ = zeros(d * d);
-  for (int c = 0; c < C; ++c)
-    blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(Q[c].data(), d, n), ConstMatrixView(U[c].data(), d, n), 1.0,
-               MatrixView(SQ.data(), d, d));
+  for (int c = 0; c < C; ++c) {
+    blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(Y[c].data(), d, n), ConstMatrixView(U[c].data(), d, n), 0.0,
+               MatrixView(YU[c].data(), d, d));
+    for (index_t k = 0; k < d * d; ++k) SQ[k] += YU[c][k];
+  }
+  blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, dd(rep.R), MatrixView(SQ.data(), d, d));
   // sum_e P^(e) and zeta's coupling term w = Gamma^-1 sum_e W^(e) K^(e) xi^(e).
   Vec sumP = zeros(d * d), wz = zeros(d), zc = zeros(d);
   for (int e = 0; e < C; ++e) {
@@ -358,7 +364,7 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
     blas::gemv(Trans::No, 1.0, dd(Ginv), t2.data(), 0.0, wz.data());
   }
   Vec Z = zeros(d * n), E = zeros(d * d), GW = zeros(d * d), A1 = zeros(d * d), A2 = zeros(d * d), zeta = zeros(d),
-      cvec = zeros(d), RU = zeros(d * n), YG = zeros(d * n), zdiag = zeros(d), gcc = zeros(n);
+      cvec = zeros(d), YG = zeros(d * n), zdiag = zeros(d), gcc = zeros(n);
   for (int c = 0; c < C; ++c) {
     const Vec& Wc = rep.W[c];
     const Vec& xi = rep.xi[c];
@@ -369,26 +375,22 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
     // c-vector = Y g_h^(c) - W rg
     blas::gemv(Trans::No, 1.0, ConstMatrixView(Y[c].data(), d, n), ghc.data(), 0.0, cvec.data());
     blas::gemv(Trans::No, -1.0, dd(Wc), rg.data(), 1.0, cvec.data());
-    // YG = Y diag(G_cc);  RU = R^-T U^(c)
+    // YG = Y diag(G_cc);  GW = R^-1 W (W symmetric: W R^-T = GW^T)
     for (index_t k = 0; k < d; ++k)
       for (index_t j = 0; j < n; ++j) YG[k * n + j] = Y[c][k * n + j] * gcc[j];
-    RU = U[c];
-    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, dd(rep.R), MatrixView(RU.data(), d, n));
-    // Z = xi g_h^T - 2 [Y diag(G_cc) - W R^-T U]
+    GW = Wc;
+    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, dd(rep.R), MatrixView(GW.data(), d, d));
+    // Z = xi g_h^T - 2 [Y diag(G_cc) - W R^-T U] (W R^-T U = GW^T U: no d x n solve)
     for (index_t k = 0; k < d; ++k)
       for (index_t j = 0; j < n; ++j) Z[k * n + j] = xi[k] * ghc[j] - 2.0 * YG[k * n + j];
-    blas::gemm(Trans::No, Trans::No, 2.0, dd(Wc), ConstMatrixView(RU.data(), d, n), 1.0, MatrixView(Z.data(), d, n));
+    blas::gemm(Trans::Yes, Trans::No, 2.0, dd(GW), ConstMatrixView(U[c].data(), d, n), 1.0, MatrixView(Z.data(), d, n));
     // E = -c xi^T + Y diag(G_cc) Y^T - T - T^T + W R^-T S_Q R^-1 W + KL part, T = Y U^T R^-1 W.
     blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(YG.data(), d, n), ConstMatrixView(Y[c].data(), d, n), 0.0,
                MatrixView(E.data(), d, d));
     for (index_t k = 0; k < d; ++k)
       for (index_t l = 0; l < d; ++l) E[k * d + l] -= cvec[k] * xi[l];
-    // GW = R^-1 W  (so T = Y U^T GW... with R^-1 W = GW: T = (Y U^T) R^-1 W)
-    GW = Wc;
-    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, dd(rep.R), MatrixView(GW.data(), d, d));
-    blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(Y[c].data(), d, n), ConstMatrixView(U[c].data(), d, n), 0.0,
-               MatrixView(A1.data(), d, d));
-    blas::gemm(Trans::No, Trans::No, 1.0, dd(A1), dd(GW), 0.0, MatrixView(A2.data(), d, d));  // T
+    // T = (Y U^T) R^-1 W = YU GW
+    blas::gemm(Trans::No, Trans::No, 1.0, dd(YU[c]), dd(GW), 0.0, MatrixView(A2.data(), d, d));  // T
     for (index_t k = 0; k < d; ++k)
       for (index_t l = 0; l < d; ++l) E[k * d + l] -= A2[k * d + l] + A2[l * d + k];
     blas::gemm(Trans::No, Trans::No, 1.0, dd(SQ), dd(GW), 0.0, MatrixView(A1.data(), d, d));

@@ -67,6 +67,18 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // kColumnBlock doubles (25 KB at C = 5), stay in a core's L1.
 constexpr index_t kColumnBlock = 64;
 
+// out[t] -= sum_k x[k] rows[k ld + t] for t < nb (k < dd): one column block of M^T x, each
+// column summed over k in order whatever the block and thread.
+PYGPFAST_SIMD_CLONES void stub_rows_times(index_t dd, index_t nb, const double* rows, index_t ld, const double* x,
+                                          double* out) {
+  for (index_t k = 0; k < dd; ++k) {
+    const double xk = x[k];
+    const double* row = rows + k * ld;
+#pragma omp simd
+    for (index_t t = 0; t < nb; ++t) out[t] -= xk * row[t];
+  }
+}
+
 // What the stub pass of one inclusion reads and writes (Stubs::include, steps 4 and 5b).
 struct StubPass {
   int C;
@@ -174,10 +186,10 @@ struct Stubs {
   index_t n, dmax;
   int C;
   index_t d = 0;
-  // Per class: M [dmax, n], L [dmax, dmax]; Q [dmax, n] stored in column blocks, each block's
-  // rows contiguous (row k of block b, columns b nb..b nb + nb - 1, at (b dmax + k) nb with nb =
-  // kColumnBlock): the pass streams through one block at a time, where rows n doubles apart
-  // would cost a TLB and a cache miss per row (update 4.7 s -> x s at n = 4000, d = 400, C = 5).
+  // Per class: L [dmax, dmax]; M and Q [dmax, n] stored in column blocks, each block's rows
+  // contiguous (row k of block b, columns b nb..b nb + nb - 1, at (b dmax + k) nb with nb =
+  // kColumnBlock; at(k, j)): the passes over them stream through one block at a time, where
+  // rows n doubles apart cost a cache miss per row.
   std::vector<std::vector<double>> M, Q, L;
   std::vector<double> R;                     // [dmax, dmax] lower, R R^T = Gamma
   std::vector<double> a0, h;                 // [C, n]: diag A^(c) (uncoupled part), means
@@ -187,8 +199,9 @@ struct Stubs {
   std::vector<index_t> active;
 
   Stubs(index_t n_, index_t dmax_, int C_) : n(n_), dmax(dmax_), C(C_) {
-    M.assign(C, std::vector<double>(static_cast<std::size_t>(dmax * n)));
-    Q.assign(C, std::vector<double>(static_cast<std::size_t>(dmax * ((n + kColumnBlock - 1) / kColumnBlock) * kColumnBlock)));
+    const std::size_t blocked = static_cast<std::size_t>(dmax * ((n + kColumnBlock - 1) / kColumnBlock) * kColumnBlock);
+    M.assign(C, std::vector<double>(blocked));
+    Q.assign(C, std::vector<double>(blocked));
     L.assign(C, std::vector<double>(static_cast<std::size_t>(dmax * dmax), 0.0));
     R.assign(static_cast<std::size_t>(dmax * dmax), 0.0);
     a0.assign(static_cast<std::size_t>(C * n), 0.0);
@@ -197,6 +210,9 @@ struct Stubs {
     s_buffer.assign(static_cast<std::size_t>(C * n), 0.0);
     pi.assign(static_cast<std::size_t>(dmax * C), 0.0);
   }
+
+  // Offset of entry (k, j) of a blocked stub buffer.
+  index_t at(index_t k, index_t j) const { return ((j / kColumnBlock) * dmax + k) * kColumnBlock + j % kColumnBlock; }
 
   // Sets the marginals of the empty representation from a0 (the kernels' diagonals).
   void start(const std::vector<std::vector<double>>& kdiag) {
@@ -223,17 +239,25 @@ struct Stubs {
         v(static_cast<std::size_t>(C * dd)), w(static_cast<std::size_t>(C * dd)),
         delta(static_cast<std::size_t>(C * dd)), gamma(static_cast<std::size_t>(C * dd)), nu(C), lam(C),
         u(static_cast<std::size_t>(dd));
-    // 1. Binary quantities per class: s_c = K^(c)_{.,i} - M^(c)T M^(c)_{.,i}.
-    for (int c = 0; c < C; ++c) {
-      double* sc = s.data() + c * n;
-      std::copy(kcol[c], kcol[c] + n, sc);
+    // 1. Binary quantities per class: s_c = K^(c)_{.,i} - M^(c)T M^(c)_{.,i}, the product in
+    //    column blocks on the OpenMP threads (a memory-bound GEMV over the C d n stubs of M, which
+    //    the BLAS ran on one thread here; stub_rows_times).
+    for (int c = 0; c < C; ++c)
       for (index_t k = 0; k < dd; ++k) {
-        m[c * dd + k] = M[c][k * n + i];
-        v[c * dd + k] = Q[c][((i / kColumnBlock) * dmax + k) * kColumnBlock + i % kColumnBlock];
+        m[c * dd + k] = M[c][at(k, i)];
+        v[c * dd + k] = Q[c][at(k, i)];
       }
-      if (dd > 0)
-        blas::gemv(blas::Trans::Yes, -1.0, ConstMatrixView(M[c].data(), dd, n), m.data() + c * dd, 1.0, sc);
-      const double a = sc[i];
+    const index_t nblocks = (n + kColumnBlock - 1) / kColumnBlock;
+    parallel_for(nblocks * C, 1, [&](index_t task) {
+      const int c = static_cast<int>(task / nblocks);
+      const index_t j0 = (task % nblocks) * kColumnBlock;
+      const index_t nb = std::min(n, j0 + kColumnBlock) - j0;
+      double* sc = s.data() + c * n + j0;
+      std::copy(kcol[c] + j0, kcol[c] + j0 + nb, sc);
+      stub_rows_times(dd, nb, M[c].data() + j0 * dmax, kColumnBlock, m.data() + c * dd, sc);
+    });
+    for (int c = 0; c < C; ++c) {
+      const double a = s[c * n + i];
       lam[c] = std::sqrt(1.0 + pi_i[c] * a);
       nu[c] = pi_i[c] / (lam[c] * lam[c]);
     }
@@ -321,7 +345,6 @@ struct Stubs {
     for (index_t k = 0; k < C * dd; ++k) inv_delta[k] = 1.0 / delta[k];
     const StubPass pass{C, n, dmax, dd, Qp.data(), s.data(), nuv.data(), u.data(), r.data(), w.data(), inv_delta.data(),
                         gamma.data(), nu.data(), inv_rho, h.data(), a0.data(), A.data()};
-    const index_t nblocks = (n + kColumnBlock - 1) / kColumnBlock;
     const std::size_t scratch_size =
         static_cast<std::size_t>((static_cast<index_t>(C) * (C + 2) + static_cast<index_t>(C) * (C + 1) / 2) * kColumnBlock);
     parallel_for(nblocks, 1, [&](index_t task) {
@@ -336,10 +359,9 @@ struct Stubs {
       const double sp = std::sqrt(pi_i[c]);
       for (index_t k = 0; k < dd; ++k) lrow[k] = sp * m[c * dd + k];
       lrow[dd] = lam[c];
-      double* mrow = M[c].data() + dd * n;
       const double* sc = s.data() + c * n;
       const double sn = std::sqrt(nu[c]);
-      for (index_t j = 0; j < n; ++j) mrow[j] = sn * sc[j];
+      for (index_t j = 0; j < n; ++j) M[c][at(dd, j)] = sn * sc[j];
       pi[dd * C + c] = pi_i[c];
     }
     active.push_back(i);
