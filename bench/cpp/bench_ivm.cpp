@@ -1,5 +1,10 @@
 // Binary IVM selection (ivm/binary.hpp): time per inclusion and the rate of the stub update
 // (s = K_{.,i} - M^T M_{.,i}, one GEMV of 2 n d flops with the d stub rows so far) against n and d.
+// Then the joint multi-class selection (ivm/multiclass.hpp, C = 5): its stub update per inclusion
+// reads M (C d' n doubles) and reads and writes Q (C d' n), a memory-bound pass, so its rate is
+// given in bytes moved per second against one GEMV's over a C d x n matrix (what the memory
+// allows a streaming read of the buffers' size), with the update's flops (6C + 9 per stub
+// entry) beside.
 //
 //   bench_ivm [threads] [repeats]
 //
@@ -24,6 +29,7 @@
 #include "blas_linked.hpp"
 #include "pygpfast/blas.hpp"
 #include "pygpfast/ivm/binary.hpp"
+#include "pygpfast/ivm/multiclass.hpp"
 #include "pygpfast/kernels.hpp"
 #include "pygpfast/threads.hpp"
 
@@ -124,6 +130,64 @@ int main(int argc, char** argv) {
                   static_cast<long>(d), 1e3 * t, 1e6 * t / static_cast<double>(d), median_of(share[0]),
                   median_of(share[1]), median_of(share[2]), median_of(share[3]), median_of(gf),
                   2.0 * n * d * calls / tg / 1e9);
+    }
+  }
+
+  // Joint multi-class selection, C = 5 classes of an isotropic RBF per class over D = 50 inputs.
+  std::printf("\njoint multi-class selection, C = 5\n%6s %5s %10s %9s %9s %11s %10s %11s %9s\n", "n", "d",
+              "total ms", "score%", "update%", "update GB/s", "GEMV GB/s", "update/GEMV", "upd GF/s");
+  const int C = 5;
+  const index_t Dm = 50;
+  for (index_t n : {800, 2000, 4000}) {
+    auto X = randn(static_cast<std::size_t>(n * Dm), 6);
+    std::vector<double> y(n), beta(C, 0.0);
+    for (index_t i = 0; i < n; ++i) {  // the class of the largest of C random projections
+      int best = 0;
+      for (int c = 1; c < C; ++c)
+        if (X[i * Dm + c] + 0.5 * X[i * Dm + C + c] > X[i * Dm + best] + 0.5 * X[i * Dm + C + best]) best = c;
+      y[i] = best;
+    }
+    const ConstMatrixView Xv(X.data(), n, Dm);
+    std::vector<kernels::Kernel> ks;
+    ivm::ClassKernels kp;
+    for (int c = 0; c < C; ++c) {
+      std::vector<std::int32_t> codes = {static_cast<std::int32_t>(kernels::KernelType::RBF), 2};
+      std::vector<double> params = {1.0, std::sqrt(static_cast<double>(Dm)) * (1.0 + 0.1 * c)};
+      ks.emplace_back(codes.data(), 2, params.data(), 2, Dm);
+    }
+    for (const auto& k : ks) kp.push_back(&k);
+    for (index_t d : {150, 400}) {
+      ivm::MulticlassSelectOptions opt;
+      opt.num_classes = C;
+      opt.active_size = d;
+      opt.seed = 1;
+      std::vector<double> total, score, update;
+      for (int r = 0; r < repeats; ++r) {
+        ivm::Selection sel;
+        total.push_back(seconds([&] { sel = ivm::multiclass_select(kp, Xv, y.data(), beta.data(), opt); }));
+        double sc = 0.0, up = 0.0;
+        for (double v : sel.score_seconds) sc += v;
+        for (double v : sel.update_seconds) up += v;
+        score.push_back(sc);
+        update.push_back(up);
+      }
+      // Over the selection: sum over inclusions of C d' n stub entries (d' = 0..d-1), each read
+      // once in M and read and written once in Q (24 bytes), (6C + 9) flops.
+      const double entries = static_cast<double>(C) * static_cast<double>(n) * static_cast<double>(d) * (d - 1) / 2.0;
+      // The reference: one GEMV over C d x n doubles (the size of the Q buffers: past the L3
+      // cache at n = 4000, d = 400, as the update's M and Q are), repeated.
+      const index_t rows = C * d;
+      auto M = randn(static_cast<std::size_t>(rows * n), 4), x = randn(static_cast<std::size_t>(rows), 5);
+      std::vector<double> out(n);
+      const int calls = std::max(10, static_cast<int>(2e8 / (2.0 * n * rows)));
+      const double tg = seconds([&] {
+        for (int c = 0; c < calls; ++c)
+          blas::gemv(blas::Trans::Yes, -1.0, ConstMatrixView(M.data(), rows, n), x.data(), 1.0, out.data());
+      });
+      const double t = median_of(total), up = median_of(update), gemv_bytes = 8.0 * n * rows * calls / tg;
+      std::printf("%6ld %5ld %10.1f %9.1f %9.1f %11.2f %10.2f %11.2f %9.2f\n", static_cast<long>(n),
+                  static_cast<long>(d), 1e3 * t, 100 * median_of(score) / t, 100 * up / t, 24.0 * entries / up / 1e9,
+                  gemv_bytes / 1e9, 24.0 * entries / up / gemv_bytes, (6.0 * C + 9.0) * entries / up / 1e9);
     }
   }
   return 0;
