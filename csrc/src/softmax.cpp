@@ -216,21 +216,33 @@ struct ClassTerms {
   double l, dm, dvar;
 };
 
-ClassTerms gumbel_terms(double u, double m, double var) {
-  constexpr double kInvSqrt2 = 0.70710678118654752440, kInvSqrt2Pi = 0.39894228040143267794;
+[[gnu::always_inline]] inline ClassTerms gumbel_terms(double u, double m, double var) {
+  constexpr double kInvSqrt2Pi = 0.39894228040143267794;
   const double s = std::sqrt(var), inv_s = 1.0 / s;
-  double l = 0.0, dm = 0.0, dv = 0.0;
+  // Phi(zeta) and w phi(zeta) per node from vmath's normal tail (no erfc or exp calls: the loop
+  // vectorises in the caller's SIMD clone), then summed in node order (the same digits from
+  // every clone). Phi = 1 - Q above 0, Q below, Q = Q(|zeta|) = normal_tail_scaled E.
+  double phi_w[kGumbelPoints], wphi[kGumbelPoints], wphi_z[kGumbelPoints];
+#pragma omp simd
   for (int j = 0; j < kGumbelPoints; ++j) {
     const double zeta = (kGumbelNode[j] - u - m) * inv_s;
-    if (zeta > kPhiSaturates) {  // Phi = 1 and phi = 0 to within 1e-17
-      l += kGumbelWeight[j];
-      continue;
-    }
-    if (zeta < -kPhiSaturates) continue;
-    const double wphi = kGumbelWeight[j] * kInvSqrt2Pi * std::exp(-0.5 * zeta * zeta);
-    l += kGumbelWeight[j] * 0.5 * std::erfc(-zeta * kInvSqrt2);
-    dm -= wphi;
-    dv -= wphi * zeta;
+    const double E = vmath::exp_minus_half_square(zeta);
+    const double Q = vmath::normal_tail_scaled(zeta) * E;
+    // (Phi 1 or 0 and phi 0 to within 1e-17 beyond kPhiSaturates; selects, not branches)
+    double Phi = zeta > 0.0 ? 1.0 - Q : Q;
+    Phi = zeta > kPhiSaturates ? 1.0 : Phi;
+    Phi = zeta < -kPhiSaturates ? 0.0 : Phi;
+    const double inside = __builtin_fabs(zeta) > kPhiSaturates ? 0.0 : 1.0;
+    const double wp = inside * (kGumbelWeight[j] * kInvSqrt2Pi * E);
+    phi_w[j] = kGumbelWeight[j] * Phi;
+    wphi[j] = wp;
+    wphi_z[j] = wp * zeta;
+  }
+  double l = 0.0, dm = 0.0, dv = 0.0;
+  for (int j = 0; j < kGumbelPoints; ++j) {
+    l += phi_w[j];
+    dm -= wphi[j];
+    dv -= wphi_z[j];
   }
   return {l, dm * inv_s, dv * 0.5 / var};
 }
@@ -305,8 +317,9 @@ struct WideGrid {
 // sums of class_sums (narrow_terms where t overflows). Also the sums of -dP/dmu_c and (when
 // dvar is not null) -dP/dvar_c: dV/dmu_c (= E[softmax_c]) and dV/dvar_c. The grid must not be
 // too_long() (check_wide_points).
-double wide_point(const NormalRule& rule, int C, const double* mu, const double* var, double* dmu,
-                  double* dvar, double* work) {
+// (Compiled per instruction set, as its callers: its Gauss-Hermite and Gumbel loops vectorise.)
+PYGPFAST_SIMD_CLONES double wide_point(const NormalRule& rule, int C, const double* mu, const double* var,
+                                       double* dmu, double* dvar, double* work) {
   const int K = rule.size();
   const double* z = rule.z.data();
   const double* w = rule.w.data();
