@@ -463,3 +463,41 @@ def test_ivm_bound_gradient_includes_the_prior():
                                               x, h=1e-6), rtol=1e-5, atol=1e-7)
     fitted = pygpfast.IVMClassifier(kernel, active_size=12, max_iter=5, random_state=0).fit(X, y)
     assert fitted.log_prior_ == pytest.approx(fitted.kernel_.log_prior(), rel=1e-13)
+
+
+def _dimension_spread_numpy(rows, others):
+    """The median-distance spread per dimension in numpy (the reference of the core's)."""
+    spread = np.ones(rows.shape[1])
+    for d in range(rows.shape[1]):
+        diff = np.abs(rows[:, None, d] - others[None, :, d])
+        diff = diff[diff > 0]
+        if diff.size:
+            median = np.median(diff)
+            if np.isfinite(median):
+                spread[d] = median
+    return spread
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (50, 20), (301, 40)])
+def test_dimension_spread_equals_numpys_median_over_differing_pairs(shape, restore_threads):
+    # The default kernel's lengthscales and the default priors' centres: per dimension the
+    # median of |x - x'| over the pairs that differ there. The core's selection equals numpy's
+    # median bit for bit (odd and even counts: the mean of the two middle values), for 1 and 2
+    # threads, with dimensions that never differ (1), mostly-zero pixel-like ones, a quantised
+    # one, one with an infinite difference only, and a huge spread.
+    R, P = shape
+    rng = np.random.default_rng(R)
+    X = rng.normal(size=(R, 6))
+    X[:, 1] = 3.0                                            # never differs
+    X[:, 2] = np.where(rng.random(R) < 0.9, 0.0, rng.random(R))  # mostly equal
+    X[:, 3] = np.round(rng.normal(size=R) * 4) / 4           # ties
+    X[:, 5] = rng.normal(size=R) * 1e150
+    others = X[: max(1, P // 2)].copy()
+    want = _dimension_spread_numpy(X, others)
+    for threads in (1, 2):
+        pygpfast.set_num_threads(threads)
+        np.testing.assert_array_equal(pygpfast._core.kernels.dimension_spread(X, others), want)
+    inf_rows = np.array([[0.0], [np.inf]])  # the only difference is infinite: not finite -> 1
+    np.testing.assert_array_equal(pygpfast._core.kernels.dimension_spread(inf_rows, inf_rows[:1]), [1.0])
+    with pytest.raises(ValueError, match="columns"):
+        pygpfast._core.kernels.dimension_spread(X, np.ascontiguousarray(others[:, :2]))

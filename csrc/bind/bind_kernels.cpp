@@ -121,6 +121,23 @@ void bind_kernels(py::module_& m) {
       "evaluating it again; distances=True as for K.");
 
   m.def(
+      "dimension_spread",
+      [](const py::array& rows, const py::array& others) {
+        const ConstMatrixView R = as_matrix(rows, "rows"), P = as_matrix(others, "others");
+        auto out = new_vector(R.cols);
+        double* o = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          kernels::dimension_spread(R, P, o);
+        }
+        return out;
+      },
+      py::arg("rows"), py::arg("others"),
+      "m [D]: per input dimension d, the median of |rows[i, d] - others[j, d]| over the pairs "
+      "that differ in d (the mean of the two middle values for an even count), 1 where none "
+      "does or the median is not finite.");
+
+  m.def(
       "Kdiag_vjp",
       [](const py::array& codes, const py::array& params, const py::array& x, const py::array& g) {
         const ConstMatrixView X = as_matrix(x, "X");

@@ -359,6 +359,31 @@ struct ScaledPair {
 
 }  // namespace
 
+void dimension_spread(ConstMatrixView rows, ConstMatrixView others, double* out) {
+  require(rows.cols == others.cols, "rows have ", rows.cols, " columns and others ", others.cols);
+  const index_t R = rows.rows, P = others.rows, D = rows.cols;
+  // (each dimension selects over R P differences: worth a thread from a few thousand)
+  parallel_for(D, std::max<index_t>(1, kMinEntriesPerThread / std::max<index_t>(R * P, 1)), [&](index_t d) {
+    thread_local std::vector<double> diff;
+    diff.clear();
+    for (index_t i = 0; i < R; ++i) {
+      const double a = rows(i, d);
+      for (index_t j = 0; j < P; ++j) {
+        const double v = std::fabs(a - others(j, d));
+        if (v > 0.0) diff.push_back(v);
+      }
+    }
+    double median = 1.0;
+    if (!diff.empty()) {
+      const std::size_t n = diff.size(), half = n / 2;
+      std::nth_element(diff.begin(), diff.begin() + half, diff.end());
+      median = diff[half];
+      if (n % 2 == 0) median = (*std::max_element(diff.begin(), diff.begin() + half) + median) / 2.0;
+    }
+    out[d] = std::isfinite(median) ? median : 1.0;
+  });
+}
+
 SquaredDistances::SquaredDistances(ConstMatrixView X, ConstMatrixView X2) : X_(X), X2_(X2) {
   require(X.cols == X2.cols, "X has ", X.cols, " columns and X2 ", X2.cols);
 }

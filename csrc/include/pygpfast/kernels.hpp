@@ -36,6 +36,12 @@ enum class KernelType : std::int32_t {
 
 struct Node;  // defined in kernels.cpp
 
+// The median-distance heuristic's per-dimension spread: out[d] = the median of |r_id - o_jd| over
+// the pairs (i, j) of rows [R, D] and others [P, D] whose difference in dimension d is nonzero
+// (NaN differences left out), 1 where there is none or the median is not finite. The median of
+// an even count is the mean of the two middle values, as numpy's. Dimensions on threads.
+void dimension_spread(ConstMatrixView rows, ConstMatrixView others, double* out);
+
 // The squared Euclidean distances |x_i - x2_j|^2 between the rows of X [N, D] and X2 [M, D]
 // (two different matrices: not K(X, X)), computed once for several kernels on the same inputs:
 // the per-class kernels of an IVM, a kernel's value and then its vector-Jacobian product. An

@@ -11,6 +11,7 @@ from sklearn.cluster import KMeans
 from sklearn.utils.random import sample_without_replacement
 from threadpoolctl import threadpool_limits
 
+from .. import _core
 from .. import kernels as _kernels
 from .._threads import get_num_threads, one_blas_thread
 from .._validation import power_of_two_unit
@@ -64,16 +65,13 @@ def dimension_spread(rows, others):
 
     (Over the pairs that differ: in a dimension where half the pairs agree exactly, such as the
     pixels of a digit's border that are mostly 0, the median over all pairs is the smallest
-    difference, ~1e-3 on USPS, and one point that differs there is cut off from all others.)"""
-    spread = np.ones(rows.shape[1])
-    for d in range(rows.shape[1]):
-        diff = np.abs(rows[:, None, d] - others[None, :, d])
-        diff = diff[diff > 0]
-        if diff.size:
-            median = np.median(diff)
-            if np.isfinite(median):
-                spread[d] = median
-    return spread
+    difference, ~1e-3 on USPS, and one point that differs there is cut off from all others.)
+
+    The core selects each dimension's median (``_core.kernels.dimension_spread``, dimensions on
+    threads): numpy's per-dimension masks and medians took 0.6 s for 800 x 200 pairs of 784
+    pixels, a third of a joint IVM's fit on MNIST's train5 shape."""
+    return _core.kernels.dimension_spread(np.ascontiguousarray(rows, dtype=np.float64),
+                                          np.ascontiguousarray(others, dtype=np.float64))
 
 
 def reference_lengthscale(X, max_rows=1000, pairs=200):
