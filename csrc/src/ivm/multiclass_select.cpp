@@ -63,7 +63,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Columns per task of the stub pass: the task's accumulators, C (C + 1) + C (C + 1) / 2 rows of
+// Columns per task of the stub pass: the task's accumulators, C (C + 2) + C (C + 1) / 2 rows of
 // kColumnBlock doubles (25 KB at C = 5), stay in a core's L1.
 constexpr index_t kColumnBlock = 64;
 
@@ -181,7 +181,8 @@ PYGPFAST_SIMD_CLONES void stub_pass_block(const StubPass& a, index_t j0, index_t
   }
 }
 
-// The representation and the stub buffers of the selection (note 2.2), all row-major.
+// The representation and the stub buffers of the selection (note 2.2): M and Q in column blocks
+// (below), the rest row-major.
 struct Stubs {
   index_t n, dmax;
   int C;
@@ -452,8 +453,9 @@ Selection multiclass_select(const ClassKernels& kernels, ConstMatrixView X, cons
   }
   for (int c = 0; c < C; ++c) require(std::isfinite(beta[c]), "beta must be finite");
 
-  // The BLAS on one thread: the IVM's BLAS calls are GEMV/TRSV/TRSM on d x n stubs and d x d
-  // factors (d of a few hundred), too short to pay for the BLAS's threads, whose spinning on a
+  // The BLAS on one thread: the selection's BLAS calls (the kernel columns' and the d x d
+  // factors' small products and solves; the stubs' passes are its own OpenMP loops) are too short
+  // to pay for the BLAS's threads, whose spinning on a
   // shared machine competes with the per-point loops' OpenMP threads. Measured on the 2-core
   // machine with one core taken: train5's shape (n = 800, d = 150, C = 5) with 10 L-BFGS-B
   // iterations fitted in 16.7 s with the BLAS on 2 threads, 5.3 s on one (its 14 bound
