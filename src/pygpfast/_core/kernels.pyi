@@ -5,7 +5,9 @@ from numpy.typing import NDArray
 
 F64 = NDArray[np.float64]
 
-def K(codes: NDArray[np.int32], params: F64, X: F64, X2: F64 | None) -> F64: ...
+def K(
+    codes: NDArray[np.int32], params: F64, X: F64, X2: F64 | None, *, distances: bool = False
+) -> F64: ...
 def Kdiag(codes: NDArray[np.int32], params: F64, X: F64) -> F64: ...
 def K_vjp(
     codes: NDArray[np.int32],
@@ -16,5 +18,8 @@ def K_vjp(
     want_dX: bool = False,
     want_dX2: bool = False,
     values: F64 | None = None,
+    *,
+    distances: bool = False,
 ) -> tuple[F64, F64 | None, F64 | None]: ...
 def Kdiag_vjp(codes: NDArray[np.int32], params: F64, X: F64, g: F64) -> F64: ...
+def dimension_spread(rows: F64, others: F64) -> F64: ...
