@@ -65,6 +65,20 @@ std::vector<double> randn(std::size_t n, unsigned seed) {
   return v;
 }
 
+// Seconds per call of one GEMV y -= A^T x with a random A [rows, n], repeated at least
+// `min_calls` times and for about 2e8 flops: what a stub product of that shape costs (from the
+// cache or from memory, as its size decides).
+double gemv_seconds(index_t rows, index_t n, int min_calls) {
+  auto A = randn(static_cast<std::size_t>(rows * n), 4), x = randn(static_cast<std::size_t>(rows), 5);
+  std::vector<double> out(n);
+  const int calls = std::max(min_calls, static_cast<int>(2e8 / (2.0 * n * rows)));
+  return seconds([&] {
+           for (int c = 0; c < calls; ++c)
+             blas::gemv(blas::Trans::Yes, -1.0, ConstMatrixView(A.data(), rows, n), x.data(), 1.0, out.data());
+         }) /
+         calls;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -117,19 +131,13 @@ int main(int argc, char** argv) {
         share[3].push_back(100 * s.update_seconds / sum);
         gf.push_back(s.stub_flops / s.stub_seconds / 1e9);
       }
-      // One GEMV with all d rows (the last inclusion's shape), repeated.
-      auto M = randn(static_cast<std::size_t>(d * n), 4), x = randn(static_cast<std::size_t>(d), 5);
-      std::vector<double> out(n);
-      const int calls = std::max(20, static_cast<int>(2e8 / (2.0 * n * d)));
-      const double tg = seconds([&] {
-        for (int c = 0; c < calls; ++c)
-          blas::gemv(blas::Trans::Yes, -1.0, ConstMatrixView(M.data(), d, n), x.data(), 1.0, out.data());
-      });
+      // One GEMV with all d rows (the last inclusion's shape).
+      const double tg = gemv_seconds(d, n, 20);
       const double t = median_of(total);
       std::printf("%6ld %5ld %10.2f %12.1f %8.1f %8.1f %8.1f %8.1f %10.2f %10.2f\n", static_cast<long>(n),
                   static_cast<long>(d), 1e3 * t, 1e6 * t / static_cast<double>(d), median_of(share[0]),
                   median_of(share[1]), median_of(share[2]), median_of(share[3]), median_of(gf),
-                  2.0 * n * d * calls / tg / 1e9);
+                  2.0 * n * d / tg / 1e9);
     }
   }
 
@@ -175,16 +183,10 @@ int main(int argc, char** argv) {
       // once in M and read and written once in Q (24 bytes), (6C + 9) flops.
       const double entries = static_cast<double>(C) * static_cast<double>(n) * static_cast<double>(d) * (d - 1) / 2.0;
       // The reference: one GEMV over C d x n doubles (the size of the Q buffers: past the L3
-      // cache at n = 4000, d = 400, as the update's M and Q are), repeated.
+      // cache at n = 4000, d = 400, as the update's M and Q are).
       const index_t rows = C * d;
-      auto M = randn(static_cast<std::size_t>(rows * n), 4), x = randn(static_cast<std::size_t>(rows), 5);
-      std::vector<double> out(n);
-      const int calls = std::max(10, static_cast<int>(2e8 / (2.0 * n * rows)));
-      const double tg = seconds([&] {
-        for (int c = 0; c < calls; ++c)
-          blas::gemv(blas::Trans::Yes, -1.0, ConstMatrixView(M.data(), rows, n), x.data(), 1.0, out.data());
-      });
-      const double t = median_of(total), up = median_of(update), gemv_bytes = 8.0 * n * rows * calls / tg;
+      const double t = median_of(total), up = median_of(update),
+                   gemv_bytes = 8.0 * n * rows / gemv_seconds(rows, n, 10);
       std::printf("%6ld %5ld %10.1f %9.1f %9.1f %11.2f %10.2f %11.2f %9.2f\n", static_cast<long>(n),
                   static_cast<long>(d), 1e3 * t, 100 * median_of(score) / t, 100 * up / t, 24.0 * entries / up / 1e9,
                   gemv_bytes / 1e9, 24.0 * entries / up / gemv_bytes, (6.0 * C + 9.0) * entries / up / 1e9);

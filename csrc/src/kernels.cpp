@@ -140,6 +140,16 @@ PYGPFAST_SIMD_CLONES double scaled_squared_distance(index_t D, const double* x, 
   return part[0];
 }
 
+// out[j] = sum_d ((x_jd - z_d) s_d)^2 between the one row z of one side of (X, X2) and every row
+// x_j of the other (N = 1 or M = 1; [max(N, M)]): rows on threads, each in a fixed order.
+void one_point_squared_distances(ConstMatrixView X, ConstMatrixView X2, const double* s, double* out) {
+  const bool column = X2.rows == 1;
+  const ConstMatrixView many = column ? X : X2;
+  const double* z = column ? X2.row(0) : X.row(0);
+  for_each_row(many.rows, many.cols, false,
+               [&](index_t j, index_t) { out[j] = scaled_squared_distance(many.cols, many.row(j), z, s); });
+}
+
 std::vector<double> row_squared_norms(ConstMatrixView A) {
   std::vector<double> out(static_cast<std::size_t>(A.rows));
   for_each_row(A.rows, A.cols, false, [&](index_t i, index_t cols) {
@@ -390,31 +400,20 @@ SquaredDistances::SquaredDistances(ConstMatrixView X, ConstMatrixView X2) : X_(X
 
 void SquaredDistances::compute() const {
   computed_ = true;
-  const index_t N = X_.rows, M = X2_.rows, D = X_.cols;
+  const index_t N = X_.rows, M = X2_.rows;
   r2_.assign(static_cast<std::size_t>(N * M), 0.0);
   if (N == 0 || M == 0) return;
-  const std::vector<double> ones(static_cast<std::size_t>(D), 1.0);
-  if (N == 1 || M == 1) {
-    const bool column = M == 1;
-    const ConstMatrixView many = column ? X_ : X2_;
-    const double* z = column ? X2_.row(0) : X_.row(0);
-    for_each_row(many.rows, D, false, [&](index_t j, index_t) {
-      r2_[j] = scaled_squared_distance(D, many.row(j), z, ones.data());
-    });
-    return;
-  }
-  const std::vector<double> shift = column_means(X_);
-  const Matrix a_buf = scale_columns(X_, shift, ones), b_buf = scale_columns(X2_, shift, ones);
-  const ConstMatrixView a = a_buf.view(), b = b_buf.view();
-  const std::vector<double> a_norms = row_squared_norms(a), b_norms = row_squared_norms(b);
-  for (double v : a_norms) max_norm_ = std::max(max_norm_, v);
-  for (double v : b_norms) max_norm_ = std::max(max_norm_, v);
+  const std::vector<double> ones(static_cast<std::size_t>(X_.cols), 1.0);
+  if (N == 1 || M == 1) return one_point_squared_distances(X_, X2_, ones.data(), r2_.data());
+  const ScaledPair s(Inputs{X_, X2_, false}, ones);  // (centred on X's mean, unscaled)
+  for (double v : s.a_norms) max_norm_ = std::max(max_norm_, v);
+  for (double v : s.b_norms) max_norm_ = std::max(max_norm_, v);
   if (!std::isfinite(max_norm_)) max_norm_ = HUGE_VAL;
   const MatrixView out(r2_.data(), N, M);
-  cross_product(a, b, false, -2.0, out);
+  cross_product(s.a, s.b, false, -2.0, out);
   for_each_row(N, M, false, [&](index_t i, index_t end) {
     double* o = out.row(i);
-    for (index_t j = 0; j < end; ++j) o[j] = std::max(0.0, o[j] + (a_norms[i] + b_norms[j]));
+    for (index_t j = 0; j < end; ++j) o[j] = std::max(0.0, o[j] + (s.a_norms[i] + s.b_norms[j]));
   });
 }
 
@@ -474,13 +473,9 @@ class Stationary final : public Node {
   // 2000 columns.) Rows in parallel, each summed in a fixed order: the same for any thread count.
   void K_one_point(const Inputs& in, MatrixView out) const {
     const bool column = in.X2.rows == 1;  // out [N, 1]; else [1, M]
-    const ConstMatrixView many = column ? in.X : in.X2;
-    const double* z = column ? in.X2.row(0) : in.X.row(0);
-    const index_t n = many.rows, D = many.cols;
+    const index_t n = column ? in.X.rows : in.X2.rows;
     workspace::Scratch r2(n);
-    for_each_row(n, D, false, [&](index_t j, index_t) {
-      r2.data()[j] = scaled_squared_distance(D, many.row(j), z, inv_lengthscale_.data());
-    });
+    one_point_squared_distances(in.X, in.X2, inv_lengthscale_.data(), r2.data());
     const std::vector<double> zeros(static_cast<std::size_t>(n), 0.0);
     stationary_row(T, r2.data(), zeros.data(), 0.0, -1, variance_, n);
     for (index_t j = 0; j < n; ++j) (column ? out(j, 0) : out(0, j)) = r2.data()[j];
@@ -586,9 +581,6 @@ class Stationary final : public Node {
   }
 
  private:
-  // The lengthscale (when `lengthscales`; per dimension, summed for an isotropic kernel), dX and
-  // dX2 gradients from W and its row sums R (see K_vjp). The O((N + M) D) loops are too small to
-  // be worth threads.
   // The vjp for the variance and the (isotropic) lengthscale from the squared distances.
   void K_vjp_from_distances(const SquaredDistances& r2, ConstMatrixView G, double* dparams) const {
     const index_t N = G.rows, M = G.cols;
@@ -609,6 +601,9 @@ class Stationary final : public Node {
     dparams[offset_ + 1] += -2.0 * inv_lengthscale_[0] * ordered_sum(row_wr2);
   }
 
+  // The lengthscale (when `lengthscales`; per dimension, summed for an isotropic kernel), dX and
+  // dX2 gradients from W and its row sums R (see K_vjp). The O((N + M) D) loops are too small to
+  // be worth threads.
   void contract(const ScaledPair& s, ConstMatrixView W, const std::vector<double>& row_w, bool lengthscales,
                 double* dparams, MatrixView* dX, MatrixView* dX2) const {
     const index_t N = W.rows, M = W.cols, D = s.a.cols;

@@ -195,7 +195,6 @@ struct Stubs {
   std::vector<double> R;                     // [dmax, dmax] lower, R R^T = Gamma
   std::vector<double> a0, h;                 // [C, n]: diag A^(c) (uncoupled part), means
   std::vector<double> A;                     // [n, C, C]: marginal covariances, kept by the pass
-  std::vector<double> s_buffer;              // [C, n]: include's s_c
   std::vector<double> pi;                    // [dmax, C]
   std::vector<index_t> active;
 
@@ -208,7 +207,6 @@ struct Stubs {
     a0.assign(static_cast<std::size_t>(C * n), 0.0);
     h.assign(static_cast<std::size_t>(C * n), 0.0);
     A.assign(static_cast<std::size_t>(n * C * C), 0.0);
-    s_buffer.assign(static_cast<std::size_t>(C * n), 0.0);
     pi.assign(static_cast<std::size_t>(dmax * C), 0.0);
   }
 
@@ -235,8 +233,7 @@ struct Stubs {
   // projection), given the kernel columns kcol[c] = K^(c)(X, x_i) [n] (note 2.3).
   void include(index_t i, const double* pi_i, const double* kappa, const std::vector<const double*>& kcol) {
     const index_t dd = d;
-    std::vector<double>& s = s_buffer;  // (kept: C n doubles, a fresh mmap and page faults per inclusion)
-    std::vector<double> m(static_cast<std::size_t>(C * dd)),
+    std::vector<double> s(static_cast<std::size_t>(C * n)), m(static_cast<std::size_t>(C * dd)),
         v(static_cast<std::size_t>(C * dd)), w(static_cast<std::size_t>(C * dd)),
         delta(static_cast<std::size_t>(C * dd)), gamma(static_cast<std::size_t>(C * dd)), nu(C), lam(C),
         u(static_cast<std::size_t>(dd));
