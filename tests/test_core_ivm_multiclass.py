@@ -276,14 +276,17 @@ def test_projection_matches_brute_force_and_moments(C):
 # ---------------------------------------------------------------- selection
 
 
-@pytest.mark.parametrize("rule", [0, 1])
+# (n, C): the stub pass takes 3 to 8 classes eight columns at a time in registers and other
+# counts, or a last column block that is not whole lanes (77 = 64 + 13), by its general loops.
+# (Stroud's rule alone at C = 9, where the Gauss-Hermite product has 3^9 nodes.)
 @pytest.mark.parametrize("per_class", [False, True])
-def test_stub_marginals_equal_dense_after_every_inclusion(rule, per_class):
-    X, y, beta = problem(n=40, C=3)
-    C, d = 3, 12
+@pytest.mark.parametrize("rule, n, C", [(0, 40, 3), (1, 40, 3), (0, 77, 5), (1, 77, 5), (1, 70, 9)])
+def test_stub_marginals_equal_dense_after_every_inclusion(rule, per_class, n, C):
+    X, y, beta = problem(n=n, C=C)
+    d = 12
     params = np.array([1.5, 1.0, 0.8, 0.05])
     if per_class:
-        params = np.array([[1.5, 1.0, 0.8, 0.05], [0.7, 0.6, 1.2, 0.05], [2.0, 1.5, 1.5, 0.05]])
+        params = np.array([[1.5, 1.0, 0.8, 0.05], [0.7, 0.6, 1.2, 0.05], [2.0, 1.5, 1.5, 0.05]] * 3)[:C]
     r = ivm.multiclass_select(RBF_WHITE, params, X, y, num_classes=C, active_size=d, seed=3, rule=rule,
                               beta=beta, record_marginals=True)
     P = params if per_class else np.tile(params, (C, 1))

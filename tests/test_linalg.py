@@ -48,12 +48,15 @@ def test_cholesky_raises_linalgerror_that_is_numpys(rng):
         linalg.cholesky(np.diag([1.0, -1.0, 1.0]))
 
 
-def test_solve_lower(rng):
-    L = np.linalg.cholesky(spd(rng, 12))
-    B = rng.standard_normal((12, 3))
-    np.testing.assert_allclose(
-        linalg.solve_lower(L, B), scipy.linalg.solve_triangular(L, B, lower=True), rtol=1e-11
-    )
+# (12 x 3: one TRSM; 300 x 400 and 257 x 256: the core's recursive halving into GEMMs)
+@pytest.mark.parametrize("n, r", [(12, 3), (300, 400), (257, 256)])
+def test_solve_lower(rng, n, r):
+    L = np.linalg.cholesky(spd(rng, n))
+    B = rng.standard_normal((n, r))
+    for trans in (0, 1):
+        np.testing.assert_allclose(
+            linalg.solve_lower(L, B, transpose=bool(trans)),
+            scipy.linalg.solve_triangular(L, B, lower=True, trans=trans), rtol=1e-11, atol=1e-13)
     np.testing.assert_allclose(
         linalg.solve_lower(L, B[:, 0], transpose=True),
         scipy.linalg.solve_triangular(L, B[:, 0], lower=True, trans="T"),

@@ -478,7 +478,9 @@ def _dimension_spread_numpy(rows, others):
     return spread
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (50, 20), (301, 40)])
+# (the first three: every difference formed and selected; the last two: the order statistics
+# from counts over the sorted columns, R P > 64 (R + P))
+@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (50, 20), (301, 40), (1000, 400), (151, 300)])
 def test_dimension_spread_equals_numpys_median_over_differing_pairs(shape, restore_threads):
     # The default kernel's lengthscales and the default priors' centres: per dimension the
     # median of |x - x'| over the pairs that differ there. The core's selection equals numpy's

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <ostream>
@@ -369,26 +371,98 @@ struct ScaledPair {
 
 }  // namespace
 
+namespace {
+
+// The order statistics of the differences |a_i - b_j| (as computed: fl(a_i - b_j), sign
+// dropped) over all pairs of sorted finite a [R] and b [P], without forming the R P of them.
+// Rounding is monotone, so for a fixed a_i the pairs with |a_i - b_j| <= t are one run
+// [lo_i, hi_i) of the sorted b, and both ends move right as a_i grows: #{|a - b| <= t} in
+// O(R + P). The k-th smallest difference is the least t with more than k of them <= t, found by
+// bisection over the bit patterns of doubles >= 0 (ordered as their values): at most 64 counts.
+class PairDifferences {
+ public:
+  PairDifferences(const std::vector<double>& a, const std::vector<double>& b) : a_(a), b_(b) {}
+
+  std::size_t count_at_most(double t) const {
+    const std::size_t P = b_.size();
+    std::size_t count = 0, lo = 0, hi = 0;
+    for (const double x : a_) {
+      while (lo < P && b_[lo] <= x && x - b_[lo] > t) ++lo;
+      hi = std::max(hi, lo);
+      while (hi < P && (b_[hi] <= x || b_[hi] - x <= t)) ++hi;
+      count += hi - lo;
+    }
+    return count;
+  }
+
+  // The k-th smallest difference (0-based).
+  double kth(std::size_t k) const {
+    const double largest = std::max(a_.back() - b_.front(), b_.back() - a_.front());
+    std::uint64_t lo = 0, hi = bits(std::max(largest, 0.0));
+    while (lo < hi) {
+      const std::uint64_t mid = lo + (hi - lo) / 2;
+      if (count_at_most(value(mid)) > k) hi = mid;
+      else lo = mid + 1;
+    }
+    return value(lo);
+  }
+
+ private:
+  static std::uint64_t bits(double v) {
+    std::uint64_t u;
+    std::memcpy(&u, &v, sizeof u);
+    return u;
+  }
+  static double value(std::uint64_t u) {
+    double v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+  }
+  const std::vector<double>& a_;
+  const std::vector<double>& b_;
+};
+
+}  // namespace
+
 void dimension_spread(ConstMatrixView rows, ConstMatrixView others, double* out) {
   require(rows.cols == others.cols, "rows have ", rows.cols, " columns and others ", others.cols);
   const index_t R = rows.rows, P = others.rows, D = rows.cols;
   // (each dimension selects over R P differences: worth a thread from a few thousand)
   parallel_for(D, std::max<index_t>(1, kMinEntriesPerThread / std::max<index_t>(R * P, 1)), [&](index_t d) {
-    thread_local std::vector<double> diff;
-    diff.clear();
-    for (index_t i = 0; i < R; ++i) {
-      const double a = rows(i, d);
-      for (index_t j = 0; j < P; ++j) {
-        const double v = std::fabs(a - others(j, d));
-        if (v > 0.0) diff.push_back(v);
-      }
-    }
+    thread_local std::vector<double> a, b, diff;
+    a.resize(static_cast<std::size_t>(R));
+    b.resize(static_cast<std::size_t>(P));
+    bool finite = true;
+    for (index_t i = 0; i < R; ++i) finite &= std::isfinite(a[i] = rows(i, d));
+    for (index_t j = 0; j < P; ++j) finite &= std::isfinite(b[j] = others(j, d));
     double median = 1.0;
-    if (!diff.empty()) {
-      const std::size_t n = diff.size(), half = n / 2;
-      std::nth_element(diff.begin(), diff.begin() + half, diff.end());
-      median = diff[half];
-      if (n % 2 == 0) median = (*std::max_element(diff.begin(), diff.begin() + half) + median) / 2.0;
+    // (PairDifferences' bisection takes up to 64 passes over R + P values: for fewer than
+    // 64 (R + P) pairs, and with infinite entries, the differences are formed and selected)
+    const bool by_counts = finite && R * P > 64 * (R + P);
+    if (by_counts) {
+      // (sorted columns, the differences' order statistics by PairDifferences' counts)
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      const PairDifferences pairs(a, b);
+      const std::size_t zeros = pairs.count_at_most(0.0), total = static_cast<std::size_t>(R) * P;
+      const std::size_t n = total - zeros, half = n / 2;
+      if (n > 0) {
+        median = pairs.kth(zeros + half);
+        if (n % 2 == 0) median = (pairs.kth(zeros + half - 1) + median) / 2.0;
+      }
+    } else {  // (|inf - inf| is NaN: left out)
+      diff.clear();
+      for (index_t i = 0; i < R; ++i)
+        for (index_t j = 0; j < P; ++j) {
+          const double v = std::fabs(a[i] - b[j]);
+          if (v > 0.0) diff.push_back(v);
+        }
+      if (!diff.empty()) {
+        const std::size_t n = diff.size(), half = n / 2;
+        std::nth_element(diff.begin(), diff.begin() + half, diff.end());
+        median = diff[half];
+        if (n % 2 == 0) median = (*std::max_element(diff.begin(), diff.begin() + half) + median) / 2.0;
+      }
     }
     out[d] = std::isfinite(median) ? median : 1.0;
   });
@@ -399,7 +473,6 @@ SquaredDistances::SquaredDistances(ConstMatrixView X, ConstMatrixView X2) : X_(X
 }
 
 void SquaredDistances::compute() const {
-  computed_ = true;
   const index_t N = X_.rows, M = X2_.rows;
   r2_.assign(static_cast<std::size_t>(N * M), 0.0);
   if (N == 0 || M == 0) return;
@@ -418,7 +491,7 @@ void SquaredDistances::compute() const {
 }
 
 bool SquaredDistances::usable(double inv_lengthscale_sq) const {
-  if (!computed_) compute();
+  std::call_once(computed_, [this] { compute(); });
   return max_norm_ * inv_lengthscale_sq <= kExpansionNormLimit;
 }
 

@@ -75,11 +75,42 @@ CholeskyResult cholesky_jitter(MatrixView A, double initial_relative_jitter,
   return result;
 }
 
+namespace {
+
+// solve_lower's recursion: below kSolveLeafRows rows of L, or kSolveLeafColumns columns of B,
+// the BLAS's TRSM solves directly.
+constexpr index_t kSolveLeafRows = 128, kSolveLeafColumns = 256;
+
+void solve_lower_recursive(ConstMatrixView L, MatrixView B, bool transpose) {
+  const index_t n = L.rows;
+  if (n <= kSolveLeafRows || B.cols < kSolveLeafColumns) {
+    blas::trsm(blas::Side::Left, blas::Uplo::Lower, transpose ? blas::Trans::Yes : blas::Trans::No,
+               blas::Diag::NonUnit, 1.0, L, B);
+    return;
+  }
+  // L = [L11 0; L21 L22], B = [B1; B2]; the halves split at a multiple of 8 rows.
+  const index_t h = (n / 2 + 7) / 8 * 8;
+  const ConstMatrixView L11(L.data, h, h, L.ld), L21(L.row(h), n - h, h, L.ld), L22(L.row(h) + h, n - h, n - h, L.ld);
+  const MatrixView B1(B.data, h, B.cols, B.ld), B2(B.row(h), n - h, B.cols, B.ld);
+  if (!transpose) {  // X1 = L11^-1 B1, X2 = L22^-1 (B2 - L21 X1)
+    solve_lower_recursive(L11, B1, false);
+    blas::gemm(blas::Trans::No, blas::Trans::No, -1.0, L21, B1, 1.0, B2);
+    solve_lower_recursive(L22, B2, false);
+  } else {  // X2 = L22^-T B2, X1 = L11^-T (B1 - L21^T X2)
+    solve_lower_recursive(L22, B2, true);
+    blas::gemm(blas::Trans::Yes, blas::Trans::No, -1.0, L21, B2, 1.0, B1);
+    solve_lower_recursive(L11, B1, true);
+  }
+}
+
+}  // namespace
+
+// Recursive halving puts all but the leaves' flops into GEMMs: a TRSM of this library's BLAS
+// with a 400 x 400 L and 4000 right-hand sides ran at ~40% of its GEMM rate on two threads.
 void solve_lower(ConstMatrixView L, MatrixView B, bool transpose) {
   require(L.rows == L.cols, "solve_lower: L must be square");
   require(B.rows == L.rows, "solve_lower: B must have as many rows as L");
-  blas::trsm(blas::Side::Left, blas::Uplo::Lower, transpose ? blas::Trans::Yes : blas::Trans::No,
-             blas::Diag::NonUnit, 1.0, L, B);
+  solve_lower_recursive(L, B, transpose);
 }
 
 void cholesky_update(MatrixView L, double* x) {
@@ -274,20 +305,32 @@ void cholesky_reverse(ConstMatrixView L, MatrixView G) {
 void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G, double beta) {
   const index_t M = A.rows, K = A.cols;
   require(G.rows == M && G.cols == M, "weighted_gram: G must be [M, M] for A [M, K]");
-  bool any_positive = false;
-  for (index_t k = 0; k < K; ++k) any_positive |= g[k] > 0.0;
+  // The columns of each sign, gathered and scaled by sqrt|g|: one SYRK per sign that occurs, over
+  // only its columns (zero weights drop out).
+  std::vector<index_t> negative, positive;
+  for (index_t k = 0; k < K; ++k) {
+    if (g[k] < 0.0) negative.push_back(k);
+    else if (g[k] > 0.0) positive.push_back(k);
+  }
   std::vector<double> root(static_cast<std::size_t>(K));
-  MatrixView W(W_scratch, M, K);
+  for (index_t k = 0; k < K; ++k) root[k] = std::sqrt(std::abs(g[k]));
+  bool first = true;
   for (const double sign : {-1.0, 1.0}) {
-    if (sign > 0 && !any_positive) break;
-    for (index_t k = 0; k < K; ++k) root[k] = std::sqrt(std::max(sign * g[k], 0.0));
+    const std::vector<index_t>& cols = sign < 0 ? negative : positive;
+    const index_t k_sign = static_cast<index_t>(cols.size());
+    if (k_sign == 0) continue;
+    MatrixView W(W_scratch, M, k_sign);
     for (index_t m = 0; m < M; ++m) {
       const double* a = A.row(m);
       double* w = W.row(m);
-#pragma omp simd
-      for (index_t k = 0; k < K; ++k) w[k] = a[k] * root[k];
+      for (index_t t = 0; t < k_sign; ++t) w[t] = a[cols[t]] * root[cols[t]];
     }
-    blas::syrk(blas::Uplo::Lower, blas::Trans::No, sign, W, sign < 0 ? beta : 1.0, G);
+    blas::syrk(blas::Uplo::Lower, blas::Trans::No, sign, W, first ? beta : 1.0, G);
+    first = false;
+  }
+  if (first) {  // all weights 0: G = beta G (lower triangle)
+    for (index_t m = 0; m < M; ++m)
+      for (index_t l = 0; l <= m; ++l) G(m, l) = beta == 0.0 ? 0.0 : beta * G(m, l);
   }
 }
 

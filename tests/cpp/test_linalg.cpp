@@ -1,5 +1,6 @@
 // Core linear algebra against hand-computed references, with a linked system BLAS.
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "check.hpp"
@@ -106,36 +107,50 @@ PYGPFAST_TEST(downdate_refuses_to_lose_definiteness) {
 }
 
 PYGPFAST_TEST(triangular_solve_inverts_trmm) {
-  const index_t n = 9, r = 3;
-  auto A = random_spd(n, 3);
-  linalg::cholesky_jitter(MatrixView(A.data(), n, n));
-  std::vector<double> B(n * r);
-  for (index_t i = 0; i < n * r; ++i) B[i] = std::cos(0.7 * i);
-  auto X = B;
-  for (bool t : {false, true}) {
-    X = B;
-    linalg::solve_lower(ConstMatrixView(A.data(), n, n), MatrixView(X.data(), n, r), t);
-    blas::trmm(blas::Side::Left, blas::Uplo::Lower, t ? blas::Trans::Yes : blas::Trans::No,
-               blas::Diag::NonUnit, 1.0, ConstMatrixView(A.data(), n, n), MatrixView(X.data(), n, r));
-    for (index_t i = 0; i < n * r; ++i) CHECK_NEAR(X[i], B[i], 1e-10);
+  // (9 x 3: the BLAS's TRSM; 300 x 300 and 301 x 257, in a B with a row stride over its width:
+  // solve_lower's recursive halving, down to its leaves)
+  for (const auto& [n, r] : {std::pair<index_t, index_t>{9, 3}, {300, 300}, {301, 257}}) {
+    const index_t ld = r + 5;
+    auto A = random_spd(n, 3);
+    linalg::cholesky_jitter(MatrixView(A.data(), n, n));
+    for (index_t i = 0; i < n; ++i)
+      for (index_t j = i + 1; j < n; ++j) A[i * n + j] = 1e300;  // (the upper triangle is not read)
+    std::vector<double> L = A;
+    for (index_t i = 0; i < n; ++i)
+      for (index_t j = i + 1; j < n; ++j) L[i * n + j] = 0.0;
+    std::vector<double> B(n * ld);
+    for (index_t i = 0; i < n * ld; ++i) B[i] = std::cos(0.7 * i);
+    for (bool t : {false, true}) {
+      auto X = B;
+      linalg::solve_lower(ConstMatrixView(A.data(), n, n), MatrixView(X.data(), n, r, ld), t);
+      blas::trmm(blas::Side::Left, blas::Uplo::Lower, t ? blas::Trans::Yes : blas::Trans::No,
+                 blas::Diag::NonUnit, 1.0, ConstMatrixView(L.data(), n, n), MatrixView(X.data(), n, r, ld));
+      for (index_t i = 0; i < n; ++i)
+        for (index_t j = 0; j < ld; ++j) CHECK_NEAR(X[i * ld + j], B[i * ld + j], 1e-10);
+    }
   }
 }
 
 PYGPFAST_TEST(weighted_gram_handles_both_signs) {
   const index_t M = 5, K = 13;
-  std::vector<double> A(M * K), W(M * K), G(M * M, -7.0);
+  std::vector<double> A(M * K), W(M * K);
   for (index_t i = 0; i < M * K; ++i) A[i] = std::sin(1.3 * i + 0.2);
-  for (const bool mixed : {false, true}) {
-    std::vector<double> g(K);
-    for (index_t k = 0; k < K; ++k) g[k] = -0.5 - 0.1 * k + (mixed && k % 3 == 0 ? 2.0 : 0.0);
-    linalg::weighted_gram(ConstMatrixView(A.data(), M, K), g.data(), W.data(), MatrixView(G.data(), M, M));
-    for (index_t i = 0; i < M; ++i)
-      for (index_t j = 0; j < M; ++j) {
-        double s = 0.0;
-        for (index_t k = 0; k < K; ++k) s += A[i * K + k] * g[k] * A[j * K + k];
-        CHECK_NEAR(G[i * M + j], j <= i ? s : -7.0, 1e-13);  // (the lower triangle only)
+  // weights all negative, mixed, all positive, with zeros, all zero; beta 0 and 0.5
+  for (int kind = 0; kind < 5; ++kind)
+    for (const double beta : {0.0, 0.5}) {
+      std::vector<double> g(K), G(M * M, -7.0);
+      for (index_t k = 0; k < K; ++k) {
+        const double v = 0.5 + 0.1 * k;
+        g[k] = kind == 0 ? -v : kind == 1 ? (k % 3 == 0 ? v : -v) : kind == 2 ? v : kind == 3 ? (k % 2 ? 0.0 : v) : 0.0;
       }
-  }
+      linalg::weighted_gram(ConstMatrixView(A.data(), M, K), g.data(), W.data(), MatrixView(G.data(), M, M), beta);
+      for (index_t i = 0; i < M; ++i)
+        for (index_t j = 0; j < M; ++j) {
+          double s = -7.0 * beta;
+          for (index_t k = 0; k < K; ++k) s += A[i * K + k] * g[k] * A[j * K + k];
+          CHECK_NEAR(G[i * M + j], j <= i ? s : -7.0, 1e-13);  // (the lower triangle only)
+        }
+    }
 }
 
 PYGPFAST_TEST(cholesky_reverse_matches_the_unblocked_formula) {

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "pygpfast/view.hpp"
@@ -55,7 +56,8 @@ void dimension_spread(ConstMatrixView rows, ConstMatrixView others, double* out)
 class SquaredDistances {
  public:
   // Keeps the views (X and X2 must outlive this); the distances are computed when a leaf first
-  // asks (none when no leaf can use them). Not for concurrent use from several threads.
+  // asks (none when no leaf can use them). Leaves on several threads may share one: the first
+  // to ask computes them, the others wait for it.
   SquaredDistances(ConstMatrixView X, ConstMatrixView X2);
   index_t rows() const { return X_.rows; }
   index_t cols() const { return X2_.rows; }
@@ -68,7 +70,7 @@ class SquaredDistances {
  private:
   void compute() const;
   ConstMatrixView X_, X2_;
-  mutable bool computed_ = false;
+  mutable std::once_flag computed_;
   mutable double max_norm_ = 0.0;  // largest squared norm of a centred input row (0 when summed directly)
   mutable std::vector<double> r2_;
 };

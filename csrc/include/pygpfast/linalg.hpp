@@ -64,9 +64,10 @@ double logdet_from_cholesky(ConstMatrixView L);
 void cholesky_reverse(ConstMatrixView L, MatrixView Lbar_in_G_out);
 
 // G = beta G + A diag(g) A^T for A [M, K] and weights g [K] of either sign, in the lower
-// triangle of G [M, M] (with its diagonal; the strict upper part is left as it was). One SYRK on
-// A diag(sqrt(max(-g, 0))) and, only when some g > 0, a second on A diag(sqrt(max(g, 0))):
-// M^2 K flops in all. W_scratch holds M * K doubles.
+// triangle of G [M, M] (with its diagonal; the strict upper part is left as it was). One SYRK
+// over the columns with g < 0 and one over those with g > 0, each scaled by sqrt|g| (a sign
+// that does not occur costs nothing, zero weights drop out): M^2 K flops in all. W_scratch holds
+// M * K doubles.
 void weighted_gram(ConstMatrixView A, const double* g, double* W_scratch, MatrixView G, double beta = 0.0);
 
 }  // namespace pygpfast::linalg

@@ -196,7 +196,7 @@ double oa_objective(const LocalBound& lb, const double* y, ConstMatrixView Sigma
         Av(i, j) = sw[i] * Sigma(i, j);
         Vl(i, j) = Sigma(i, j);
       }
-    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Bv, Av);
+    linalg::solve_lower(Bv, Av, false);
     blas::syrk(Uplo::Lower, Trans::Yes, -1.0, Av, 1.0, Vl);
     mirror_lower(Vl);
     for (index_t n = 0; n < N; ++n) v[l * N + n] = Vl(n, n);

@@ -413,7 +413,7 @@ void predict(const kernels::Kernel& kernel, ConstMatrixView X_active, const doub
       for (index_t k = 0; k < d; ++k)
         for (index_t j = j0; j < j1; ++j) Vb(k, j) *= sq[k];
     });
-    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, L, Vb);
+    linalg::solve_lower(L, Vb, false);
     blas::gemv(Trans::Yes, 1.0, Vb, beta, 0.0, mean + t0);
     for_column_blocks(tb, d, [&](index_t j0, index_t j1) {
       double* v = var + t0;
@@ -486,7 +486,7 @@ BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, Co
     for (index_t k = 0; k < d; ++k)
       for (index_t j = j0; j < j1; ++j) M(k, j) = sq[k] * KIn(k, j);
   });
-  blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, L, M);
+  linalg::solve_lower(L, M, false);
   blas::trsv(Uplo::Lower, Trans::No, Diag::NonUnit, L, beta.data());
 
   // Marginals h = M^T beta, a = diag K - colsum(M o M); xi = Pi^1/2 L^-T beta.
@@ -569,7 +569,7 @@ BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, Co
   // zeta = W K_I xi.
   Buffer V_(M_);
   const MatrixView V(V_.data(), d, n);
-  blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, L, V);
+  linalg::solve_lower(L, V, true);
   for_column_blocks(n, d, [&](index_t j0, index_t j1) {
     for (index_t k = 0; k < d; ++k)
       for (index_t j = j0; j < j1; ++j) V(k, j) *= sq[k];

@@ -98,14 +98,97 @@ struct StubPass {
   double* A;             // [n, C, C] marginal covariances
 };
 
+// Eight doubles, one AVX-512 register (two AVX2 ones, four SSE2 ones in the baseline clone):
+// GCC's vector extension, elementwise IEEE arithmetic.
+using Lanes = double __attribute__((vector_size(64)));
+constexpr index_t kLanes = 8;
+
+inline Lanes load_lanes(const double* p) {
+  Lanes v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_lanes(double* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
+
+// stub_pass_block's arithmetic for a compile-time C, eight columns at a time with every
+// accumulator in a register: the class's row runs through its C factors, the means' and the new
+// row's sums and the marginal covariances' pair sums (pairs (c, e <= c), from the rows of the
+// classes e < c updated earlier in the same step j) without a store between. The same operations
+// in the same order per column as the general loop below (bitwise the same results); nb a
+// multiple of kLanes.
+template <int C>
+[[gnu::always_inline]] inline void stub_pass_lanes(const StubPass& a, index_t j0, index_t nb) {
+  constexpr int kPairs = C * (C + 1) / 2;
+  const index_t n = a.n, dd = a.dd, base = j0 * a.dmax;
+  for (index_t t0 = 0; t0 < nb; t0 += kLanes) {
+    Lanes G[kPairs];
+    for (auto& g : G) g = Lanes{};
+    Lanes S[C];
+    for (int c = 0; c < C; ++c) {
+      const Lanes sc = load_lanes(a.s + c * n + j0 + t0);
+      S[c] = sc;
+      Lanes acc[C];
+      for (auto& v : acc) v = Lanes{};
+      Lanes hc{}, rc{};
+      double* qc = a.Q[c] + base + t0;
+      const double* nuv = a.nuv + c * dd;
+      const int p0 = c * (c + 1) / 2;
+      for (index_t j = 0; j < dd; ++j) {
+        double* row = qc + j * kColumnBlock;
+        Lanes x = load_lanes(row);
+        hc += a.u[j] * x;
+        x -= nuv[j] * sc;
+        for (int k = 0; k < C; ++k) {
+          const index_t kj = k * dd + j;
+          x = (x - a.w[kj] * acc[k]) * a.inv_delta[kj];
+          acc[k] += a.gamma[kj] * x;
+        }
+        rc += a.r[j] * x;
+        store_lanes(row, x);
+        for (int e = 0; e < c; ++e) G[p0 + e] += x * load_lanes(a.Q[e] + base + t0 + j * kColumnBlock);
+        G[p0 + c] += x * x;
+      }
+      const double nuc = a.nu[c];
+      store_lanes(qc + dd * kColumnBlock, (nuc * sc - rc) * a.inv_rho);
+      double* h = a.h + c * n + j0 + t0;
+      store_lanes(h, load_lanes(h) + hc);
+      double* a0 = a.a0 + c * n + j0 + t0;
+      store_lanes(a0, load_lanes(a0) - nuc * sc * sc);
+    }
+    // A_j = diag a0_j + sum over the old rows (G) + the new row's outer product
+    constexpr index_t CC = static_cast<index_t>(C) * C;
+    double* Aj = a.A + (j0 + t0) * CC;
+    for (int c = 0; c < C; ++c) {
+      const Lanes qc = load_lanes(a.Q[c] + base + t0 + dd * kColumnBlock);
+      const Lanes a0 = load_lanes(a.a0 + c * n + j0 + t0);
+      for (int e = 0; e <= c; ++e) {
+        const Lanes qe = load_lanes(a.Q[e] + base + t0 + dd * kColumnBlock);
+        const Lanes v = (c == e ? a0 : Lanes{}) + (G[c * (c + 1) / 2 + e] + qc * qe);
+        for (index_t t = 0; t < kLanes; ++t) Aj[t * CC + c * C + e] = Aj[t * CC + e * C + c] = v[t];
+      }
+    }
+  }
+}
+
 // The pass over columns j0..j0 + nb of every class's Q (note 2.3, steps 4 and 5b): the old
 // rows become Lambda^-1 (Q^(c) - nu_c v_c s_c^T), the new row (nu_c s_c - Q'^(c)T r) / rho, and
 // the same pass reads Q^(c)T u (old rows) for the means and sums the marginal covariances
 // A_j = diag a0_j + sum_k q_kj q_kj^T from the new rows while they are in cache, so that the
 // scoring reads A_j instead of gathering C d strided stub entries per candidate. Each column's
 // arithmetic is the same whatever the block and the thread: the result does not depend on the
-// thread count. Compiled per instruction set (the loops over t are the vector loops).
+// thread count. Compiled per instruction set; for 3 to 8 classes (and blocks of whole lanes) by
+// stub_pass_lanes, otherwise by the loops below (the loops over t are the vector loops: each
+// accumulator a row of nb doubles in the scratch, loaded and stored once per factor).
 PYGPFAST_SIMD_CLONES void stub_pass_block(const StubPass& a, index_t j0, index_t nb, double* scratch) {
+  if (nb % kLanes == 0) switch (a.C) {
+      case 3: return stub_pass_lanes<3>(a, j0, nb);
+      case 4: return stub_pass_lanes<4>(a, j0, nb);
+      case 5: return stub_pass_lanes<5>(a, j0, nb);
+      case 6: return stub_pass_lanes<6>(a, j0, nb);
+      case 7: return stub_pass_lanes<7>(a, j0, nb);
+      case 8: return stub_pass_lanes<8>(a, j0, nb);
+      default: break;
+    }
   const int C = a.C;
   const index_t n = a.n, dd = a.dd, pairs = static_cast<index_t>(C) * (C + 1) / 2;
   double* acc = scratch;          // [C, C, nb]: class c, factor k

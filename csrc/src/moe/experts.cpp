@@ -262,7 +262,7 @@ EvidenceResult laplace_evidence(const KernelSpec& spec, const double* params, Co
     }
   for (index_t i = 0; i < n; ++i)
     for (index_t j = 0; j < n; ++j) C(i, j) = sW[i] * K(i, j);
-  blas::trsm(blas::Side::Left, blas::Uplo::Lower, blas::Trans::No, blas::Diag::NonUnit, 1.0, L, C);
+  linalg::solve_lower(L, C, false);
   double* s2 = b;
   std::fill(s2, s2 + n, 0.0);
   for (index_t k = 0; k < n; ++k)

@@ -139,7 +139,7 @@ void factorise(const kernels::Kernel& kernel, ConstMatrixView Z, ConstMatrixView
   f.A.resize(static_cast<std::size_t>(M * N));
   MatrixView A(f.A.data(), M, N);
   kernel.K(Z, X, false, A);
-  blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Lz, A);
+  linalg::solve_lower(Lz, A, false);
 
   Buffer kdiag(N);
   kernel.Kdiag(X, kdiag.data());
@@ -157,7 +157,7 @@ void factorise(const kernels::Kernel& kernel, ConstMatrixView Z, ConstMatrixView
 
   f.W = f.A;
   MatrixView W(f.W.data(), M, N);
-  blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Lb, W);
+  linalg::solve_lower(Lb, W, false);
 
   // beta_n = 1 - |W_n|^2, kept >= 1 / C_nn = 1 / (1 + |A_n|^2) (which holds for any SPD C)
   // against rounding.
@@ -320,7 +320,7 @@ Result bound(const kernels::Kernel& kernel, ConstMatrixView Z, const Data& data,
   ConstMatrixView AV = f.AV();
   Buffer V(f.W), Abar(static_cast<std::size_t>(M * N));
   MatrixView VV(V.data(), M, N), AbarV(Abar.data(), M, N);
-  blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, f.LbV(), VV);
+  linalg::solve_lower(f.LbV(), VV, true);
   for (index_t m = 0; m < M; ++m)
     for (index_t n = 0; n < N; ++n) Abar[m * N + n] = V[m * N + n] * beta_bar[n];  // V diag(beta_bar)
   Buffer q(M), Vm(M), E(static_cast<std::size_t>(M * M));
@@ -337,7 +337,7 @@ Result bound(const kernels::Kernel& kernel, ConstMatrixView Z, const Data& data,
   //   d/dKzx = Lz^-T d/dA,   d/dKzz = -Kzz^-1 Kzx Qbar Kxz Kzz^-1 = -(1/2) (d/dKzx) A^T Lz^-1.
   ConstMatrixView Lz = f.LzV();
   MatrixView& dKzx = AbarV;
-  blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, Lz, dKzx);
+  linalg::solve_lower(Lz, dKzx, true);
   Buffer dKzz(static_cast<std::size_t>(M * M));
   MatrixView dKzzV(dKzz.data(), M, M);
   blas::gemm(Trans::No, Trans::Yes, -0.5, dKzx, AV, 0.0, dKzzV);

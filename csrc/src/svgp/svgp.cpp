@@ -80,10 +80,9 @@ void whitened_parameters(const Variational& q, ConstMatrixView Lz, Buffer& mw, S
       std::fill(to + i + 1, to + M, 0.0);
     }
   if (!q.whiten) {
-    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Lz, MatrixView(mw.data(), M, L));
+    linalg::solve_lower(Lz, MatrixView(mw.data(), M, L), false);
     for (index_t l = 0; l < L; ++l)
-      blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, Lz,
-                 MatrixView(Lw.data() + l * M * M, M, M));
+      linalg::solve_lower(Lz, MatrixView(Lw.data() + l * M * M, M, M), false);
   }
 }
 
@@ -483,7 +482,7 @@ class BlockEvaluator {
     const index_t M = sh_.M, L = sh_.L, nb = K.cols;
     const MatrixView A(w.A.data(), M, nb);
     std::copy(K.data, K.data + M * nb, A.data);
-    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, sh_.LzV(), A);
+    linalg::solve_lower(sh_.LzV(), A, false);
     if (L == 1)
       blas::gemv(Trans::Yes, 1.0, A, sh_.mw.data(), 0.0, mu);
     else
@@ -549,7 +548,7 @@ class BlockEvaluator {
     else
       blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(sh_.mw.data(), M, L), ConstMatrixView(gmu, nb, L), 1.0,
                  dK);
-    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, sh_.LzV(), dK);
+    linalg::solve_lower(sh_.LzV(), dK, true);
     gemm_nt_lower(-1.0, dK, A, beta_z, MatrixView(dLz, M, M));
   }
 
@@ -661,14 +660,14 @@ void gradients_through_q(const kernels::Kernel& kernel, const Variational& q, co
   if (grads->ell_q_mu != nullptr) {
     const MatrixView out(grads->ell_q_mu, M, L);
     std::copy(p.dmw.v.begin(), p.dmw.v.end(), out.data);
-    if (!q.whiten) blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, out);
+    if (!q.whiten) linalg::solve_lower(LzV, out, true);
   }
   if (grads->ell_q_cov != nullptr) {
     for (index_t l = 0; l < L; ++l) {
       const MatrixView G(grads->ell_q_cov + l * M * M, M, M);
       std::copy(p.dSw.v.data() + l * M * M, p.dSw.v.data() + (l + 1) * M * M, G.data);
       if (!q.whiten) {
-        blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, G);
+        linalg::solve_lower(LzV, G, true);
         blas::trsm(Side::Right, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, G);
         symmetrise(G);
       }
@@ -697,7 +696,7 @@ void gradients_through_q(const kernels::Kernel& kernel, const Variational& q, co
     if (grads->q_sqrt != nullptr) std::copy(p.dLw.v.begin(), p.dLw.v.end(), grads->q_sqrt);
   } else {
     // m_w = Lz^-1 m:  dm = Lz^-T dm_w,  dLz -= dm m_w^T
-    blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, dmwV);
+    linalg::solve_lower(LzV, dmwV, true);
     if (grads->q_mu.data != nullptr)
       for (index_t i = 0; i < M; ++i)
         for (index_t l = 0; l < L; ++l) grads->q_mu(i, l) = dmwV(i, l);
@@ -705,7 +704,7 @@ void gradients_through_q(const kernels::Kernel& kernel, const Variational& q, co
     // L_w = Lz^-1 L:  W = Lz^-T tril(dL_w),  dL = tril(W),  dLz -= W L_w^T
     for (index_t l = 0; l < L; ++l) {
       const MatrixView W(p.dLw.v.data() + l * M * M, M, M);
-      blas::trsm(Side::Left, Uplo::Lower, Trans::Yes, Diag::NonUnit, 1.0, LzV, W);
+      linalg::solve_lower(LzV, W, true);
       blas::gemm(Trans::No, Trans::Yes, -1.0, W, sh.Lw_of(l), 1.0, dLzV);
       if (grads->q_sqrt == nullptr) continue;
       double* out = grads->q_sqrt + l * M * M;
@@ -962,7 +961,7 @@ double predict_f(const kernels::Kernel& kernel, const Variational& q, ConstMatri
     MatrixView AV(A.data(), M, n), TV(Tm.data(), M, n);
     kernel.K(q.Z, Xc, false, AV);
     kernel.Kdiag(Xc, kdiag.data());
-    blas::trsm(Side::Left, Uplo::Lower, Trans::No, Diag::NonUnit, 1.0, LzV, AV);
+    linalg::solve_lower(LzV, AV, false);
     if (L == 1)
       blas::gemv(Trans::Yes, 1.0, AV, mw.data(), 0.0, mean.row(start));
     else
