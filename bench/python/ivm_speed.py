@@ -5,7 +5,7 @@ every 10; the paper's per-class RBF + constant kernel), and where the time goes:
 evaluations with gradient (count, seconds), the rest (Python, L-BFGS-B, prediction state).
 
 Usage: python bench/python/ivm_speed.py [--threads 2] [--max-iter 30] [--multi-class joint,ovr]
-(writes bench/results/ivm_speed[-joint|-ovr].json; fit CPU (s) is the process's CPU time, all
+(writes bench/results/ivm_speed-iter<max-iter>[-joint|-ovr].json; fit CPU (s) is the process's CPU time, all
 threads, which a shared machine's load does not inflate as it does the wall time)
 """
 
@@ -81,9 +81,9 @@ def main():
     cols = ["n", "d", "multi_class", "learn", "fit (s)", "fit CPU (s)", "iterations", "selections",
             "selection (s)", "bound evaluations", "bounds (s)", "rest (s)"]
     print(common.table(rows, cols))
+    suffix = f"iter{args.max_iter}" + ("" if args.multi_class == "joint,ovr" else f"-{args.multi_class}")
     path = common.write_json({"context": common.context(args.threads), "args": vars(args),
-                              "rows": rows},
-                             None if args.multi_class == "joint,ovr" else args.multi_class)
+                              "rows": rows}, suffix)
     print(f"wrote {path}")
 
 

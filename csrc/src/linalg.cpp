@@ -79,7 +79,7 @@ namespace {
 
 // solve_lower's recursion: below kSolveLeafRows rows of L, or kSolveLeafColumns columns of B,
 // the BLAS's TRSM solves directly.
-constexpr index_t kSolveLeafRows = 128, kSolveLeafColumns = 256;
+constexpr index_t kSolveLeafRows = 32, kSolveLeafColumns = 256;
 
 void solve_lower_recursive(ConstMatrixView L, MatrixView B, bool transpose) {
   const index_t n = L.rows;

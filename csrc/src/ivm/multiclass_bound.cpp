@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pygpfast/blas.hpp"
@@ -30,28 +31,18 @@ using Vec = workspace::Buffer;
 
 Vec zeros(index_t n) { return Vec(static_cast<std::size_t>(n), 0.0); }
 
-// n d^2 from which the bound's BLAS calls run on the BLAS's threads: its d x n x d products
-// then take ~10 ms or more on one core, long enough to pay for a second thread, also on a loaded
-// machine. Measured on 2 cores, n = 4000, d = 400, C = 5, D = 784, one evaluation with gradient:
-// 1.84 s on one BLAS thread and 0.92 s on two, quiet; 2.76 s and 2.18 s with the other core
-// busy. (At n = 800, d = 150 the BLAS's threads under load took 7 times as long as one.)
-constexpr index_t kBoundBlasThreadsFrom = index_t{1} << 28;
-
-// body(c) for every class c. `threaded`: the classes taken in turn by the core's threads, each
-// thread with the BLAS on one thread (the pattern of threads_for_blas_calls); else in class order
-// on this thread, the BLAS on its own threads. A class's arithmetic is the same on whichever
-// thread runs it. An exception is rethrown after the loop: the lowest class's, as in class order.
-// (Measured, 2 cores, C = 5, one bound evaluation with gradient: at n = 800, d = 150 the classes
-// on threads took 37 ms where the BLAS's threads took 58; at n = 4000, d = 400 they took 0.63 s,
-// three classes on one thread and two on the other, where the BLAS's threads took 0.58 s.)
+// body(t) for every task t < count. `threaded`: the tasks taken in turn by the core's threads,
+// each thread with the BLAS on one thread (the pattern of threads_for_blas_calls); else in order
+// on this thread, the BLAS on its own threads. A task's arithmetic is the same on whichever thread
+// runs it. An exception is rethrown after the loop: the lowest task's, as in order.
 template <class Body>
-void for_each_class(int C, bool threaded, const Body& body) {
-  const int threads = threaded ? threads_for_blas_calls(C, 1) : 1;
+void for_each_task(index_t count, bool threaded, const Body& body) {
+  const int threads = threaded ? threads_for_blas_calls(count, 1) : 1;
   RegionErrors errors;
-  std::atomic<int> next{0};
+  std::atomic<index_t> next{0};
   auto worker = [&] {
     const SingleThreadScope one_blas_thread(threads > 1);
-    for (int c; (c = next.fetch_add(1)) < C;) errors.run(c, [&] { body(c); });
+    for (index_t t; (t = next.fetch_add(1)) < count;) errors.run(t, [&] { body(t); });
   };
   if (threads == 1) {
     worker();
@@ -64,9 +55,20 @@ void for_each_class(int C, bool threaded, const Body& body) {
   errors.rethrow();
 }
 
-// Whether the bound's per-class work (d x n and d x d products) runs one class per thread:
-// below kBoundBlasThreadsFrom, where the BLAS's own threads do not pay.
-bool classes_threaded(index_t n, index_t d) { return n * d * d < kBoundBlasThreadsFrom; }
+// The d x n stages of the bound run as C x kColumnParts tasks (class, column range): with C = 5
+// classes on two threads, whole classes left one thread idle a sixth of the time.
+constexpr index_t kColumnParts = 2;
+
+// n d^2 from which the bound's (class, column part) tasks run on the core's threads, each with
+// the BLAS on one thread; below, they run in turn on one thread. Measured on 2 cores, C = 5, one
+// evaluation with gradient: at n = 800, d = 150, 31 ms on the threads against 58 ms with the
+// classes in turn on the BLAS's two threads (its calls there too short to pay for them); at
+// n = 4000, d = 400, 0.50 s against 0.70 s (0.58 s before the column parts). (The BLAS's threads
+// also wait at every call's barrier for a thread the scheduler paused on a loaded machine: at
+// n = 800, d = 150 they took 7 times as long as one thread there.)
+constexpr index_t kBoundTasksThreadedFrom = index_t{1} << 20;
+
+bool classes_threaded(index_t n, index_t d) { return n * d * d >= kBoundTasksThreadedFrom; }
 
 void potrf_or_throw(MatrixView A, const char* what) {
   const int info = blas::potrf_lower(A);
@@ -113,9 +115,9 @@ Representation build_representation(const ClassKernels& kernels, int C, ConstMat
   rep.W.assign(C, zeros(d * d));
   rep.R = zeros(d * d);
   if (nk == 1) kernels[0]->K(XI, XI, true, MatrixView(rep.KI[0].data(), d, d));
-  const bool classes_on_threads = classes_threaded(XI.rows, XI.rows);
+  const bool classes_on_threads = classes_threaded(d, d);
   Vec logdet_B = zeros(C);
-  for_each_class(C, classes_on_threads, [&](int c) {
+  for_each_task(C, classes_on_threads, [&](index_t c) {
     if (nk > 1) kernels[c]->K(XI, XI, true, MatrixView(rep.KI[c].data(), d, d));
     else if (c > 0) rep.KI[c] = rep.KI[0];
     double* sD = rep.sD.data() + c * d;
@@ -295,60 +297,82 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   Vec K0 = zeros(d * n);
   kernel_columns(0, K0.data());
 
-  // The rest with the BLAS on one thread (as in multiclass_select: why there) below
-  // kBoundBlasThreadsFrom, the classes then on the core's threads: the largest products are
-  // d x n x d GEMMs and triangular solves, ~4 per class.
+  // The rest with the BLAS on one thread, the (class, column part) tasks on the core's threads
+  // (classes_threaded): the largest products are d x n x d GEMMs and triangular solves, ~4 per
+  // class.
   const bool classes_on_threads = classes_threaded(n, d);
-  const OneBlasThreadScope blas_on_one_thread(classes_on_threads);
+  const OneBlasThreadScope blas_on_one_thread;
   const Representation rep = build_representation(kernels, C, XI, pi, b);
   auto dd = [&](const Vec& v) { return rep.mat(v); };
 
   // Stubs from scratch, per class: M = L^-1 D^1/2 K_{I,.}, a0 = diag K - |M|^2, Y = D^1/2 L^-T M,
-  // Q = R^-1 Y, h = K_{.,I} xi.
+  // Q = R^-1 Y, h = K_{.,I} xi. The other class kernels' K_{I,.} into their Y first (a task per
+  // class), then (class, column part) tasks.
   std::vector<Vec> Y(C, zeros(d * n)), Q(C, zeros(d * n));
   Vec a0 = zeros(C * n), h = zeros(C * n);
-  for_each_class(C, classes_on_threads, [&](int c) {
+  if (nk > 1) for_each_task(C - 1, classes_on_threads, [&](index_t t) { kernel_columns(t + 1, Y[t + 1].data()); });
+  // Columns [j0, j1) of part p of kColumnParts.
+  auto part_columns = [&](index_t p) { return std::pair<index_t, index_t>{p * n / kColumnParts, (p + 1) * n / kColumnParts}; };
+  auto columns = [&](Vec& v, index_t j0, index_t j1) { return MatrixView(v.data() + j0, d, j1 - j0, n); };
+  for_each_task(C * kColumnParts, classes_on_threads, [&](index_t task) {
+    const int c = static_cast<int>(task / kColumnParts);
+    const auto [j0, j1] = part_columns(task % kColumnParts);
     const std::size_t kc = nk == 1 ? 0 : c;
-    Vec& Yc_v = Y[c];
-    if (kc == 0) std::copy(K0.begin(), K0.end(), Yc_v.begin());
-    else kernel_columns(kc, Yc_v.data());
-    MatrixView Yc(Yc_v.data(), d, n);
-    blas::gemv(Trans::Yes, 1.0, Yc, rep.xi[c].data(), 0.0, h.data() + c * n);
+    const MatrixView Yc = columns(Y[c], j0, j1), Qc = columns(Q[c], j0, j1);
     const double* sD = rep.sD.data() + c * d;
-    // (the elementwise loops over rows on the core's threads when the classes are not)
-    parallel_for(d, 8, [&](index_t k) {
-      for (index_t j = 0; j < n; ++j) Yc(k, j) *= sD[k];
-    });
+    if (kc == 0)
+      for (index_t k = 0; k < d; ++k) std::copy(K0.data() + k * n + j0, K0.data() + k * n + j1, Yc.row(k));
+    blas::gemv(Trans::Yes, 1.0, Yc, rep.xi[c].data(), 0.0, h.data() + c * n + j0);
+    for (index_t k = 0; k < d; ++k)
+      for (index_t j = 0; j < Yc.cols; ++j) Yc(k, j) *= sD[k];
     linalg::solve_lower(dd(rep.L[c]), Yc, false);
     double* a = a0.data() + c * n;
-    for (index_t j = 0; j < n; ++j) a[j] = kdiag[kc][j];
+    for (index_t j = j0; j < j1; ++j) a[j] = kdiag[kc][j];
     for (index_t k = 0; k < d; ++k)
-      for (index_t j = 0; j < n; ++j) a[j] -= Yc(k, j) * Yc(k, j);
+      for (index_t j = 0; j < Yc.cols; ++j) a[j0 + j] -= Yc(k, j) * Yc(k, j);
     linalg::solve_lower(dd(rep.L[c]), Yc, true);
-    parallel_for(d, 8, [&](index_t k) {
-      for (index_t j = 0; j < n; ++j) Q[c][k * n + j] = Yc(k, j) *= sD[k];
-    });
-    linalg::solve_lower(dd(rep.R), MatrixView(Q[c].data(), d, n), false);
+    for (index_t k = 0; k < d; ++k)
+      for (index_t j = 0; j < Yc.cols; ++j) Qc(k, j) = Yc(k, j) *= sD[k];
+    linalg::solve_lower(dd(rep.R), Qc, false);
   });
   K0 = Vec();
 
   // Data term per point, with g_h [n, C] and G_A [n, C, C].
+  // The marginal covariances A_j = diag a0_j + sum_k q_kj q_kj^T of a block of kPointBlock points
+  // at a time, the sums over k along Q's rows (contiguous in j; per point they were d cache
+  // lines apart), each pair (c, e <= c) from a0 (c = e) or 0 in k order.
+  constexpr index_t kPointBlock = 64;
+  const index_t pairs = static_cast<index_t>(C) * (C + 1) / 2;
   Vec val = zeros(n), gh = zeros(n * C), GA = zeros(n * CC);
-  parallel_for(n, 16, [&](index_t j) {
-    std::vector<double> hj(C), Aj(CC), Lj(CC), work(static_cast<std::size_t>(cubature_work_size(q)));
-    for (int c = 0; c < C; ++c) {
-      hj[c] = h[c * n + j];
-      for (int e = 0; e <= c; ++e) {
-        double s = c == e ? a0[c * n + j] : 0.0;
-        for (index_t k = 0; k < d; ++k) s += Q[c][k * n + j] * Q[e][k * n + j];
-        Aj[c * C + e] = Aj[e * C + c] = s;
+  parallel_for((n + kPointBlock - 1) / kPointBlock, 1, [&](index_t block) {
+    const index_t j0 = block * kPointBlock, nb = std::min(kPointBlock, n - j0);
+    std::vector<double> G(static_cast<std::size_t>(pairs * kPointBlock)), hj(C), Aj(CC), Lj(CC),
+        work(static_cast<std::size_t>(cubature_work_size(q)));
+    for (int c = 0, p = 0; c < C; ++c)
+      for (int e = 0; e <= c; ++e, ++p)
+        for (index_t t = 0; t < nb; ++t) G[p * kPointBlock + t] = c == e ? a0[c * n + j0 + t] : 0.0;
+    for (index_t k = 0; k < d; ++k)
+      for (int c = 0, p = 0; c < C; ++c) {
+        const double* qc = Q[c].data() + k * n + j0;
+        for (int e = 0; e <= c; ++e, ++p) {
+          const double* qe = Q[e].data() + k * n + j0;
+          double* g = G.data() + p * kPointBlock;
+#pragma omp simd
+          for (index_t t = 0; t < nb; ++t) g[t] += qc[t] * qe[t];
+        }
       }
+    for (index_t t = 0; t < nb; ++t) {
+      const index_t j = j0 + t;
+      for (int c = 0, p = 0; c < C; ++c) {
+        hj[c] = h[c * n + j];
+        for (int e = 0; e <= c; ++e, ++p) Aj[c * C + e] = Aj[e * C + c] = G[p * kPointBlock + t];
+      }
+      if (!small::cholesky(C, Aj.data(), Lj.data()))
+        throw LinAlgError("ivm.multiclass_bound", 1,
+                          "the marginal covariance of point " + std::to_string(j) + " is not positive definite");
+      softmax_expected_nll(q, static_cast<int>(y[j]), hj.data(), Lj.data(), beta, &val[j], gh.data() + j * C,
+                           GA.data() + j * CC, work.data());
     }
-    if (!small::cholesky(C, Aj.data(), Lj.data()))
-      throw LinAlgError("ivm.multiclass_bound", 1,
-                        "the marginal covariance of point " + std::to_string(j) + " is not positive definite");
-    softmax_expected_nll(q, static_cast<int>(y[j]), hj.data(), Lj.data(), beta, &val[j], gh.data() + j * C,
-                         GA.data() + j * CC, work.data());
   });
   MulticlassBoundResult res;
   res.expected_nll = linalg::fixed_order_sum(val.data(), n);
@@ -361,7 +385,7 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   }
   std::vector<Vec> P(C, zeros(d * d)), WK(C, zeros(d * d));
   Vec kl_class = zeros(C);
-  for_each_class(C, classes_on_threads, [&](int c) {
+  for_each_task(C, classes_on_threads, [&](index_t c) {
     blas::gemm(Trans::No, Trans::No, 1.0, dd(rep.W[c]), dd(rep.KI[c]), 0.0, MatrixView(WK[c].data(), d, d));
     blas::gemm(Trans::No, Trans::No, 1.0, dd(WK[c]), dd(rep.W[c]), 0.0, MatrixView(P[c].data(), d, d));
     Vec Kxi = zeros(d);
@@ -388,31 +412,54 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   if (d_kernel == nullptr) return res;
 
   // ---- Gradient (note 2.8). ----
-  // Per class: U^(c) = sum_e Q^(e) diag(G_A[c, e]), YU^(c) = Y^(c) U^(c)T and Q^(c) g_h^(c);
-  // then rg = R^-T sum_c Q^(c) g_h^(c) and S_Q = R^-1 sum_c YU^(c) (Q^(c) = R^-1 Y^(c): C
-  // products of d x n x d, each used twice, where S_Q from Q took C more).
-  std::vector<Vec> U(C, zeros(d * n)), YU(C, zeros(d * d)), Qg(C, zeros(d));
-  for_each_class(C, classes_on_threads, [&](int c) {
-    double* u = U[c].data();
-    Vec g = zeros(n);
-    for (int e = 0; e < C; ++e) {
-      for (index_t j = 0; j < n; ++j) g[j] = GA[j * CC + c * C + e];
-      const double* qe = Q[e].data();
-      parallel_for(d, 8, [&](index_t k) {
-        for (index_t j = 0; j < n; ++j) u[k * n + j] += qe[k * n + j] * g[j];
-      });
-    }
-    blas::gemm(Trans::No, Trans::Yes, 1.0, ConstMatrixView(Y[c].data(), d, n), ConstMatrixView(u, d, n), 0.0,
-               MatrixView(YU[c].data(), d, d));
-    Vec ghc = zeros(n);
-    for (index_t j = 0; j < n; ++j) ghc[j] = gh[j * C + c];
-    blas::gemv(Trans::No, 1.0, ConstMatrixView(Q[c].data(), d, n), ghc.data(), 0.0, Qg[c].data());
-  });
-  Vec rg = zeros(d), S = zeros(d * d);
-  for (int c = 0; c < C; ++c) {
-    for (index_t k = 0; k < d; ++k) rg[k] += Qg[c][k];
-    for (index_t k = 0; k < d * d; ++k) S[k] += YU[c][k];
+  // Per (class, column part): U^(c) = sum_e Q^(e) diag(G_A[c, e]), the part's share of
+  // YU^(c) = Y^(c) U^(c)T and of Q^(c) g_h^(c) (the parts' shares summed in part order); then
+  // rg = R^-T sum_c Q^(c) g_h^(c) and S_Q = R^-1 sum_c YU^(c) (Q^(c) = R^-1 Y^(c): C products of
+  // d x n x d, each used twice, where S_Q from Q took C more). And GW^(c) = R^-1 W^(c).
+  // U row by row, every class's from each row of every Q^(e) while it is in cache (G_A's (c, e)
+  // entries first gathered into rows of n).
+  std::vector<Vec> U(C, zeros(d * n)), YU_part(C * kColumnParts, zeros(d * d)), Qg_part(C * kColumnParts, zeros(d)),
+      GW(C);
+  {
+    Vec G_rows = zeros(CC * n);
+    for (index_t j = 0; j < n; ++j)
+      for (index_t ce = 0; ce < CC; ++ce) G_rows[ce * n + j] = GA[j * CC + ce];
+    parallel_for(d, 8, [&](index_t k) {
+      for (int c = 0; c < C; ++c) {
+        double* u = U[c].data() + k * n;
+        for (int e = 0; e < C; ++e) {
+          const double* qe = Q[e].data() + k * n;
+          const double* g = G_rows.data() + (c * C + e) * n;
+#pragma omp simd
+          for (index_t j = 0; j < n; ++j) u[j] += qe[j] * g[j];
+        }
+      }
+    });
   }
+  for_each_task(C * kColumnParts, classes_on_threads, [&](index_t task) {
+    const int c = static_cast<int>(task / kColumnParts);
+    const auto [j0, j1] = part_columns(task % kColumnParts);
+    const index_t w = j1 - j0;
+    blas::gemm(Trans::No, Trans::Yes, 1.0, columns(Y[c], j0, j1), columns(U[c], j0, j1), 0.0,
+               MatrixView(YU_part[task].data(), d, d));
+    Vec g = zeros(w);
+    for (index_t j = 0; j < w; ++j) g[j] = gh[(j0 + j) * C + c];
+    blas::gemv(Trans::No, 1.0, columns(Q[c], j0, j1), g.data(), 0.0, Qg_part[task].data());
+    if (task % kColumnParts == 0) {
+      GW[c] = rep.W[c];  // (W symmetric: W R^-T = GW^T)
+      linalg::solve_lower(dd(rep.R), MatrixView(GW[c].data(), d, d), false);
+    }
+  });
+  std::vector<Vec> YU(C, zeros(d * d));
+  Vec rg = zeros(d), S = zeros(d * d);
+  for (int c = 0; c < C; ++c)
+    for (index_t p = 0; p < kColumnParts; ++p) {
+      const Vec &yu = YU_part[c * kColumnParts + p], &qg = Qg_part[c * kColumnParts + p];
+      for (index_t k = 0; k < d * d; ++k) YU[c][k] += yu[k];
+      for (index_t k = 0; k < d; ++k) rg[k] += qg[k];
+    }
+  for (int c = 0; c < C; ++c)
+    for (index_t k = 0; k < d * d; ++k) S[k] += YU[c][k];
   blas::trsv(Uplo::Lower, Trans::Yes, Diag::NonUnit, dd(rep.R), rg.data());
   linalg::solve_lower(dd(rep.R), MatrixView(S.data(), d, d), false);
   // sum_e P^(e) and zeta's coupling term w = Gamma^-1 sum_e W^(e) K^(e) xi^(e).
@@ -436,68 +483,69 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
     Vec t2 = wz;
     blas::gemv(Trans::No, 1.0, dd(Ginv), t2.data(), 0.0, wz.data());
   }
-  // Per class: d/dK_{I,.} (Z) and d/dK_I (E). With a kernel per class, their vjps into the
-  // class's kernel, in the class's task (K_I's through the shared distances of X_I, as
-  // build_representation's); with one shared kernel, summed over the classes in class order and
-  // taken once (the vjp is linear in Z and E).
+  // Per class, two tasks: d/dK_{I,.} (Z) and d/dK_I (E). With a kernel per class their vjps run
+  // in the tasks, each into its own slot (summed into the class's kernel in task order); with one
+  // shared kernel, Z and E are summed over the classes in class order and taken once (the vjp is
+  // linear in them). Entries (k, I_k) of K_{I,.} and K_I's diagonal are diag K's (a White
+  // kernel's variance among them): taken out, through Kdiag; K_I through the shared distances of
+  // X_I.
   const bool shared = nk == 1;
-  std::vector<Vec> Zs(shared ? C : 0), Es(shared ? C : 0), gccs(shared ? C : 0);
-  // d/dtheta of <Z, K_{I,.}> + <E, K_I> + <g, diag K> into dpar (Z's entries (k, I_k) are diag K's,
-  // a White kernel's variance among them: taken out of Z, through Kdiag; likewise E's diagonal
-  // with K_I from the shared distances).
   const kernels::SquaredDistances r2I(XI, XI);
-  auto kernel_vjps = [&](const kernels::Kernel& kernel, Vec& Z, Vec& E, const Vec& g, double* dpar) {
-    Vec zdiag = zeros(d), ediag = zeros(d);
-    for (index_t k = 0; k < d; ++k) {
-      zdiag[k] = Z[k * n + active[k]];
-      Z[k * n + active[k]] = 0.0;
-      ediag[k] = E[k * d + k];
-      E[k * d + k] = 0.0;
-    }
-    kernel.K_vjp(XI, X, false, ConstMatrixView(Z.data(), d, n), dpar, nullptr, nullptr, &r2);
-    kernel.Kdiag_vjp(XI, zdiag.data(), dpar);
-    kernel.K_vjp(XI, XI, false, dd(E), dpar, nullptr, nullptr, &r2I);
-    kernel.Kdiag_vjp(XI, ediag.data(), dpar);
-    kernel.Kdiag_vjp(X, g.data(), dpar);
-  };
-  for_each_class(C, classes_on_threads, [&](int c) {
-    const Vec& Wc = rep.W[c];
+  std::vector<Vec> Zs(shared ? C : 0), Es(shared ? C : 0), gccs(shared ? C : 0), slots(shared ? 0 : 2 * C);
+  for_each_task(2 * C, classes_on_threads, [&](index_t task) {
+    const int c = static_cast<int>(task / 2);
     const Vec& xi = rep.xi[c];
-    Vec Z = zeros(d * n), E = zeros(d * d), GW = Wc, A1 = zeros(d * d), A2 = zeros(d * d), zeta = zeros(d),
-        cvec = zeros(d), ghc = zeros(n), gcc = zeros(n);
+    const Vec& Yc = Y[c];
+    const Vec& GWc = GW[c];
+    if (!shared) slots[task] = zeros(kernels[c]->num_params());
+    Vec ghc = zeros(n), gcc = zeros(n);
     for (index_t j = 0; j < n; ++j) {
       ghc[j] = gh[j * C + c];
       gcc[j] = GA[j * CC + c * C + c];
     }
-    const Vec& Yc = Y[c];
+    if (task % 2 == 0) {  // Z = xi g_h^T - 2 [Y diag(G_cc) - W R^-T U] (W R^-T U = GW^T U: no d x n solve)
+      Vec Z = zeros(d * n);
+      for (index_t k = 0; k < d; ++k)
+        for (index_t j = 0; j < n; ++j) Z[k * n + j] = xi[k] * ghc[j] - 2.0 * (Yc[k * n + j] * gcc[j]);
+      blas::gemm(Trans::Yes, Trans::No, 2.0, dd(GWc), ConstMatrixView(U[c].data(), d, n), 1.0,
+                 MatrixView(Z.data(), d, n));
+      if (shared) {
+        Zs[c] = std::move(Z);
+        return;
+      }
+      Vec zdiag = zeros(d);
+      for (index_t k = 0; k < d; ++k) {
+        zdiag[k] = Z[k * n + active[k]];
+        Z[k * n + active[k]] = 0.0;
+      }
+      kernels[c]->K_vjp(XI, X, false, ConstMatrixView(Z.data(), d, n), slots[task].data(), nullptr, nullptr, &r2);
+      kernels[c]->Kdiag_vjp(XI, zdiag.data(), slots[task].data());
+      return;
+    }
+    const Vec& Wc = rep.W[c];
+    Vec E = zeros(d * d), A1 = zeros(d * d), A2 = zeros(d * d), zeta = zeros(d), cvec = zeros(d),
+        scratch = zeros(d * n);
     // c-vector = Y g_h^(c) - W rg
     blas::gemv(Trans::No, 1.0, ConstMatrixView(Yc.data(), d, n), ghc.data(), 0.0, cvec.data());
     blas::gemv(Trans::No, -1.0, dd(Wc), rg.data(), 1.0, cvec.data());
-    // GW = R^-1 W (W symmetric: W R^-T = GW^T)
-    linalg::solve_lower(dd(rep.R), MatrixView(GW.data(), d, d), false);
-    // Z = xi g_h^T - 2 [Y diag(G_cc) - W R^-T U] (W R^-T U = GW^T U: no d x n solve)
-    parallel_for(d, 8, [&](index_t k) {
-      for (index_t j = 0; j < n; ++j) Z[k * n + j] = xi[k] * ghc[j] - 2.0 * (Yc[k * n + j] * gcc[j]);
-    });
-    blas::gemm(Trans::Yes, Trans::No, 2.0, dd(GW), ConstMatrixView(U[c].data(), d, n), 1.0, MatrixView(Z.data(), d, n));
     // E = -c xi^T + Y diag(G_cc) Y^T - T - T^T + W R^-T S_Q R^-1 W + KL part, T = Y U^T R^-1 W.
     // Y diag(G_cc) Y^T by SYRKs (half a GEMM's flops; G_cc >= 0 at most points, the expected
-    // Hessian of a convex loss). U's buffer is the scratch (U is read for the last time above).
-    linalg::weighted_gram(ConstMatrixView(Yc.data(), d, n), gcc.data(), U[c].data(), MatrixView(E.data(), d, d));
+    // Hessian of a convex loss).
+    linalg::weighted_gram(ConstMatrixView(Yc.data(), d, n), gcc.data(), scratch.data(), MatrixView(E.data(), d, d));
     linalg::mirror_lower(MatrixView(E.data(), d, d));
     for (index_t k = 0; k < d; ++k)
       for (index_t l = 0; l < d; ++l) E[k * d + l] -= cvec[k] * xi[l];
     // T = (Y U^T) R^-1 W = YU GW
-    blas::gemm(Trans::No, Trans::No, 1.0, dd(YU[c]), dd(GW), 0.0, MatrixView(A2.data(), d, d));  // T
+    blas::gemm(Trans::No, Trans::No, 1.0, dd(YU[c]), dd(GWc), 0.0, MatrixView(A2.data(), d, d));  // T
     for (index_t k = 0; k < d; ++k)
       for (index_t l = 0; l < d; ++l) E[k * d + l] -= A2[k * d + l] + A2[l * d + k];
     // + GW^T S GW: the S_Q term and the KL part's W G^-1 sumP G^-1 W / 2 (S above)
-    blas::gemm(Trans::No, Trans::No, 1.0, dd(S), dd(GW), 0.0, MatrixView(A1.data(), d, d));
-    blas::gemm(Trans::Yes, Trans::No, 1.0, dd(GW), dd(A1), 1.0, MatrixView(E.data(), d, d));
+    blas::gemm(Trans::No, Trans::No, 1.0, dd(S), dd(GWc), 0.0, MatrixView(A1.data(), d, d));
+    blas::gemm(Trans::Yes, Trans::No, 1.0, dd(GWc), dd(A1), 1.0, MatrixView(E.data(), d, d));
     // The rest of the KL part: (WKW)^(c,c) = P - P G^-1 W - W G^-1 P + W G^-1 sumP G^-1 W;
     // zeta = W K xi - W wz.
     const Vec& Pc = P[c];
-    A1 = GW;
+    A1 = GWc;
     linalg::solve_lower(dd(rep.R), MatrixView(A1.data(), d, d), true);                        // G^-1 W = R^-T GW
     blas::gemm(Trans::No, Trans::No, 1.0, dd(Pc), dd(A1), 0.0, MatrixView(A2.data(), d, d));  // P G^-1 W
     for (index_t k = 0; k < d; ++k)
@@ -508,22 +556,47 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
       for (index_t l = 0; l < d; ++l)
         E[k * d + l] += 0.5 * (xi[k] * xi[l] - zeta[k] * xi[l] - xi[k] * zeta[l]);
     if (shared) {
-      Zs[c] = std::move(Z);
       Es[c] = std::move(E);
       gccs[c] = std::move(gcc);
-    } else {
-      kernel_vjps(*kernels[c], Z, E, gcc, (*d_kernel)[c]);
+      return;
     }
+    Vec ediag = zeros(d);
+    for (index_t k = 0; k < d; ++k) {
+      ediag[k] = E[k * d + k];
+      E[k * d + k] = 0.0;
+    }
+    double* dpar = slots[task].data();
+    kernels[c]->K_vjp(XI, XI, false, dd(E), dpar, nullptr, nullptr, &r2I);
+    kernels[c]->Kdiag_vjp(XI, ediag.data(), dpar);
+    kernels[c]->Kdiag_vjp(X, gcc.data(), dpar);
   });
   if (shared) {
+    Vec& Z = Zs[0];
+    Vec& E = Es[0];
     for (int c = 1; c < C; ++c) {
       parallel_for(d, 8, [&](index_t k) {
-        for (index_t j = 0; j < n; ++j) Zs[0][k * n + j] += Zs[c][k * n + j];
+        for (index_t j = 0; j < n; ++j) Z[k * n + j] += Zs[c][k * n + j];
       });
-      for (index_t k = 0; k < d * d; ++k) Es[0][k] += Es[c][k];
+      for (index_t k = 0; k < d * d; ++k) E[k] += Es[c][k];
       for (index_t j = 0; j < n; ++j) gccs[0][j] += gccs[c][j];
     }
-    kernel_vjps(*kernels[0], Zs[0], Es[0], gccs[0], (*d_kernel)[0]);
+    Vec zdiag = zeros(d), ediag = zeros(d);
+    for (index_t k = 0; k < d; ++k) {
+      zdiag[k] = Z[k * n + active[k]];
+      Z[k * n + active[k]] = 0.0;
+      ediag[k] = E[k * d + k];
+      E[k * d + k] = 0.0;
+    }
+    double* dpar = (*d_kernel)[0];
+    kernels[0]->K_vjp(XI, X, false, ConstMatrixView(Z.data(), d, n), dpar, nullptr, nullptr, &r2);
+    kernels[0]->Kdiag_vjp(XI, zdiag.data(), dpar);
+    kernels[0]->K_vjp(XI, XI, false, dd(E), dpar, nullptr, nullptr, &r2I);
+    kernels[0]->Kdiag_vjp(XI, ediag.data(), dpar);
+    kernels[0]->Kdiag_vjp(X, gccs[0].data(), dpar);
+  } else {
+    for (int c = 0; c < C; ++c)
+      for (index_t t = 2 * c; t < 2 * c + 2; ++t)
+        for (std::size_t p = 0; p < slots[t].size(); ++p) (*d_kernel)[c][p] += slots[t][p];
   }
   return res;
 }
