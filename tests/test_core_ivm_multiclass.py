@@ -451,6 +451,31 @@ def test_bound_value_and_gradient(rule, per_class):
         assert abs(fd - res["d_beta"][c]) < 1e-6 * (1 + abs(fd))
 
 
+@pytest.mark.parametrize("per_class", [False, True])
+def test_bound_with_given_distances_equals_the_bound_computing_them(per_class):
+    # A search evaluates the bound many times with one active set: the squared distances of the
+    # active rows and X (read by the isotropic leaves and their vjps) can be computed once by
+    # kernels.squared_distances and given. Same value and gradient, bit for bit.
+    iso_white = np.array([7, 2, 0, 2, 6, 1], dtype=np.int32)  # Sum(RBF(var, ls), White(var))
+    X, y, beta = problem(n=50, C=3, seed=11)
+    params = np.array([1.3, 0.9, 0.05])
+    if per_class:
+        params = np.array([[1.3, 0.9, 0.05], [0.8, 1.4, 0.03], [1.7, 1.1, 0.08]])
+    r = ivm.multiclass_select(iso_white, params, X, y, num_classes=3, active_size=12, seed=5, beta=beta)
+    act = r["active"].astype(np.int64)
+    r2, max_norm = _core.kernels.squared_distances(np.ascontiguousarray(X[act]), X)
+    np.testing.assert_allclose(r2, ((X[act][:, None, :] - X[None, :, :]) ** 2).sum(-1), rtol=1e-12, atol=1e-12)
+    assert max_norm > 0
+    kw = dict(beta=beta, with_grad=True)
+    plain = ivm.multiclass_bound(iso_white, params, X, y, act, r["pi"], r["b"], **kw)
+    given = ivm.multiclass_bound(iso_white, params, X, y, act, r["pi"], r["b"], distances=(r2, max_norm), **kw)
+    assert given["value"] == plain["value"]
+    assert np.array_equal(given["d_params"], plain["d_params"]) and np.array_equal(given["d_beta"], plain["d_beta"])
+    with pytest.raises(ValueError, match=r"\[d, n\]"):
+        ivm.multiclass_bound(iso_white, params, X, y, act, r["pi"], r["b"], distances=(np.ascontiguousarray(r2[:, :-1]), max_norm),
+                              **kw)
+
+
 # ---------------------------------------------------------------- bad input
 
 

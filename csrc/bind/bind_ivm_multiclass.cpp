@@ -329,7 +329,7 @@ void bind_ivm_multiclass(py::module_& m) {
       "multiclass_bound",
       [](const py::array& codes, const py::array& params, const py::array& X, const py::array& y,
          const py::array& active, const py::array& pi, const py::array& b, const py::object& beta, int rule,
-         bool with_grad) {
+         bool with_grad, const py::object& distances) {
         const auto Xv = as_matrix(X, "X");
         const double* yv = as_vector(y, "y", Xv.rows);
         const auto piv = as_matrix(pi, "pi");
@@ -354,11 +354,22 @@ void bind_ivm_multiclass(py::module_& m) {
         for (std::size_t k = 0; k < ks.owned.size(); ++k) dk.push_back(dparams.mutable_data() + k * P);
         static_assert(sizeof(index_t) == sizeof(std::int64_t), "index_t is int64");
         const auto* act = static_cast<const index_t*>(active.data());
+        const double* r2 = nullptr;
+        double r2_max_norm = 0.0;
+        if (!distances.is_none()) {
+          const auto pair = distances.cast<py::tuple>();
+          if (pair.size() != 2) throw std::invalid_argument("distances must be (r2 [d, n], max_norm)");
+          const auto r2v = as_matrix(pair[0].cast<py::array>(), "distances' r2");
+          if (r2v.rows != d || r2v.cols != Xv.rows || r2v.ld != r2v.cols)
+            throw std::invalid_argument("distances' r2 must be a C-contiguous [d, n] array for active [d] and X [n, D]");
+          r2 = r2v.data;
+          r2_max_norm = pair[1].cast<double>();
+        }
         ivm::MulticlassBoundResult r;
         {
           py::gil_scoped_release release;
           r = ivm::multiclass_bound(ks.ptrs, C, Xv, yv, act, d, piv.data, bv.data, be, rr, with_grad ? &dk : nullptr,
-                                    with_grad ? dbeta.mutable_data() : nullptr);
+                                    with_grad ? dbeta.mutable_data() : nullptr, r2, r2_max_norm);
         }
         py::dict out;
         out["value"] = r.value;
@@ -370,9 +381,11 @@ void bind_ivm_multiclass(py::module_& m) {
       },
       py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("y"), py::arg("active"), py::arg("pi"), py::arg("b"),
       py::kw_only(), py::arg("beta") = py::none(), py::arg("rule") = 0, py::arg("with_grad") = false,
+      py::arg("distances") = py::none(),
       "Seed section-4 bound on -log P(y | theta) with the active set (int64 [d]) and the sites pi, b [d, C] fixed: "
       "dict with value = expected_nll + kl, expected_nll (sum over all n points, by the rule), kl, and with "
-      "with_grad d_params (shaped like params) and d_beta [C] (else None).");
+      "with_grad d_params (shaped like params) and d_beta [C] (else None). distances: None, or "
+      "kernels.squared_distances(X[active], X) (computed once for a search's many evaluations).");
 }
 
 }  // namespace pygpfast::bind

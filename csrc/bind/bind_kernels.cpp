@@ -62,6 +62,26 @@ void bind_kernels(py::module_& m) {
       "(kernels::SquaredDistances, as callers sharing them across kernels do; not with X2=None).");
 
   m.def(
+      "squared_distances",
+      [](const py::array& x, const py::array& x2) {
+        const ConstMatrixView X = as_matrix(x, "X"), X2 = as_matrix(x2, "X2");
+        auto out = new_matrix(X.rows, X2.rows);
+        double max_norm = 0.0;
+        {
+          py::gil_scoped_release release;
+          const kernels::SquaredDistances r2(X, X2);
+          std::copy(r2.values(), r2.values() + X.rows * X2.rows, out.mutable_data());
+          max_norm = r2.max_norm();
+        }
+        return py::make_tuple(out, max_norm);
+      },
+      py::arg("X"), py::arg("X2"),
+      "(r2 [N, M], max_norm): the squared distances of the rows of X [N, D] and X2 [M, D] as the "
+      "leaves read them (kernels::SquaredDistances) and the largest squared norm of a centred row "
+      "(which decides where a leaf can read them), for a caller that passes them to many "
+      "evaluations on the same inputs (ivm.multiclass_bound's distances).");
+
+  m.def(
       "Kdiag",
       [](const py::array& codes, const py::array& params, const py::array& x) {
         const ConstMatrixView X = as_matrix(x, "X");

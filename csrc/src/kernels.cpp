@@ -472,9 +472,18 @@ SquaredDistances::SquaredDistances(ConstMatrixView X, ConstMatrixView X2) : X_(X
   require(X.cols == X2.cols, "X has ", X.cols, " columns and X2 ", X2.cols);
 }
 
+SquaredDistances::SquaredDistances(ConstMatrixView X, ConstMatrixView X2, const double* values, double max_norm)
+    : X_(X), X2_(X2), max_norm_(max_norm), values_(values) {
+  require(X.cols == X2.cols, "X has ", X.cols, " columns and X2 ", X2.cols);
+  require(values != nullptr || X.rows * X2.rows == 0, "the given distances are missing");
+  require(max_norm >= 0.0, "the given distances' max_norm must be >= 0, got ", max_norm);
+  std::call_once(computed_, [] {});
+}
+
 void SquaredDistances::compute() const {
   const index_t N = X_.rows, M = X2_.rows;
   r2_.assign(static_cast<std::size_t>(N * M), 0.0);
+  values_ = r2_.data();
   if (N == 0 || M == 0) return;
   const std::vector<double> ones(static_cast<std::size_t>(X_.cols), 1.0);
   if (N == 1 || M == 1) return one_point_squared_distances(X_, X2_, ones.data(), r2_.data());
@@ -491,8 +500,17 @@ void SquaredDistances::compute() const {
 }
 
 bool SquaredDistances::usable(double inv_lengthscale_sq) const {
+  return max_norm() * inv_lengthscale_sq <= kExpansionNormLimit;
+}
+
+const double* SquaredDistances::values() const {
   std::call_once(computed_, [this] { compute(); });
-  return max_norm_ * inv_lengthscale_sq <= kExpansionNormLimit;
+  return values_;
+}
+
+double SquaredDistances::max_norm() const {
+  std::call_once(computed_, [this] { compute(); });
+  return max_norm_;
 }
 
 namespace {

@@ -59,20 +59,29 @@ class SquaredDistances {
   // asks (none when no leaf can use them). Leaves on several threads may share one: the first
   // to ask computes them, the others wait for it.
   SquaredDistances(ConstMatrixView X, ConstMatrixView X2);
+  // Distances computed earlier for the same X and X2 (values() and max_norm() of one built as
+  // above), for a caller that evaluates kernels on the same inputs many times: `values` [N, M]
+  // is read, not copied, and must outlive this.
+  SquaredDistances(ConstMatrixView X, ConstMatrixView X2, const double* values, double max_norm);
   index_t rows() const { return X_.rows; }
   index_t cols() const { return X2_.rows; }
   // Whether a leaf with 1 / l^2 = inv_lengthscale_sq can read these: it loses no more to the
   // expansion than its own GEMM path would (kernels.cpp, kExpansionNormLimit). Computes them
   // on the first call.
   bool usable(double inv_lengthscale_sq) const;
-  const double* row(index_t i) const { return r2_.data() + i * X2_.rows; }
+  const double* row(index_t i) const { return values_ + i * X2_.rows; }
+  // The distances [N, M] and the largest squared norm of a centred input row (0 when they were
+  // summed directly), computed on the first call.
+  const double* values() const;
+  double max_norm() const;
 
  private:
   void compute() const;
   ConstMatrixView X_, X2_;
   mutable std::once_flag computed_;
-  mutable double max_norm_ = 0.0;  // largest squared norm of a centred input row (0 when summed directly)
+  mutable double max_norm_ = 0.0;
   mutable std::vector<double> r2_;
+  mutable const double* values_ = nullptr;  // r2_, or the values given
 };
 
 class Kernel {

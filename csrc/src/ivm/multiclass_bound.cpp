@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -248,7 +249,8 @@ void multiclass_predict(const ClassKernels& kernels, int C, ConstMatrixView XI, 
 
 MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, ConstMatrixView X, const double* y,
                              const index_t* active, index_t d, const double* pi, const double* b, const double* beta,
-                             CubatureRule rule, const std::vector<double*>* d_kernel, double* d_beta) {
+                             CubatureRule rule, const std::vector<double*>* d_kernel, double* d_beta,
+                             const double* distances, double distances_max_norm) {
   check_kernels(kernels, C, X.cols);
   const index_t n = X.rows;
   require(d >= 1 && d <= n, "the active set must hold 1..n points, got ", d);
@@ -285,10 +287,13 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   for (std::size_t k = 0; k < nk; ++k) kernels[k]->Kdiag(X, kdiag[k].data());
   // The squared distances of X_I and X, read by every class kernel with one lengthscale and by
   // their vjps: one d x n x D GEMM where each kernel call ran its own (2 C of them with the
-  // gradient). Class 0's kernel (or the shared one) is evaluated first, on the BLAS's threads
-  // (one GEMM, long enough to pay for them at every size), which computes them when a leaf
-  // reads them.
-  const kernels::SquaredDistances r2(XI, X);
+  // gradient), or none when the caller gives them. Class 0's kernel (or the shared one) is
+  // evaluated first, on the BLAS's threads (one GEMM, long enough to pay for them at every
+  // size), which computes them when a leaf reads them.
+  std::optional<kernels::SquaredDistances> r2_storage;
+  if (distances != nullptr) r2_storage.emplace(XI, X, distances, distances_max_norm);
+  else r2_storage.emplace(XI, X);
+  const kernels::SquaredDistances& r2 = *r2_storage;
   // K_{I,.} of kernel k into out, with entries (k, I_k) = diag K (a White kernel's variance)
   auto kernel_columns = [&](std::size_t k, double* out) {
     kernels[k]->K(XI, X, false, MatrixView(out, d, n), &r2);

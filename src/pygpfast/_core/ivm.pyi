@@ -73,6 +73,7 @@ def multiclass_bound(
     beta: object = None,
     rule: int = 0,
     with_grad: bool = False,
+    distances: tuple[NDArray, float] | None = None,
 ) -> dict: ...
 def multiclass_expected_nll(
     h: NDArray,

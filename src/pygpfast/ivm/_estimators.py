@@ -402,6 +402,9 @@ class _Model:
             rule = "gauss-hermite" if C <= _AUTO_GH_MAX_CLASSES else "stroud"
         self.rule = _RULES[rule]
         self.n_hyper = self.n_kernels * self.P + self.L
+        #: whether a stationary leaf of the kernel has one lengthscale (and reads squared distances)
+        self.reads_distances = any(np.size(leaf.lengthscale) == 1
+                                   for leaf, _ in _start.stationary_leaves(kernel))
         self.has_prior = kernel.has_priors
         if self.joint:
             self.y = t.astype(np.float64)
@@ -491,10 +494,15 @@ class _Model:
         KP = self.n_kernels * self.P
         if self.joint:
             P = params[0] if self.n_kernels == 1 else np.ascontiguousarray(np.stack(params))
+            if self.reads_distances and "distances" not in sites:
+                # (the squared distances of the active rows and X, which the isotropic leaves
+                # read: once per selection, where each evaluation computed them, a d x n x D GEMM)
+                sites["distances"] = _core.kernels.squared_distances(
+                    np.ascontiguousarray(self.X[sites["active"]]), self.X)
             r = _core.ivm.multiclass_bound(codes, P, self.X, self.y, sites["active"],
                                            sites["pi"], sites["b"],
                                            beta=np.ascontiguousarray(beta), rule=self.rule,
-                                           with_grad=with_grad)
+                                           with_grad=with_grad, distances=sites.get("distances"))
             if with_grad:
                 grad[:KP] = (np.asarray(r["d_params"]) * P).ravel()
                 grad[KP:] = r["d_beta"]

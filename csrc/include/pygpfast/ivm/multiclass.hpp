@@ -120,10 +120,13 @@ struct MulticlassBoundResult {
 
 // d_kernel: null, or one pointer per kernel in `kernels` to num_params() doubles (overwritten);
 // d_beta [C] (null or overwritten). Gradients are those of the rule's formula (exact for it).
+// distances: null, or the squared distances [d, n] of X[active] and X with their max_norm, as
+// kernels::SquaredDistances(X[active], X) gives them (values(), max_norm()): a search that
+// evaluates the bound many times with one active set computes them once.
 // Cost: O(n C d^2 + n C^2 d + n N_q C^2) plus kernel values and vjps.
 MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int num_classes, ConstMatrixView X, const double* y,
                              const index_t* active, index_t d, const double* pi, const double* b,
                              const double* beta, CubatureRule rule, const std::vector<double*>* d_kernel,
-                             double* d_beta);
+                             double* d_beta, const double* distances = nullptr, double distances_max_norm = 0.0);
 
 }  // namespace pygpfast::ivm
