@@ -103,8 +103,11 @@ void check_sites(int C, index_t d, const double* pi, const double* b) {
   }
 }
 
+// r2I: null, or the squared distances of X_I and itself, for kernels of one class each: K_I from
+// them off the diagonal and diag K on it (the White kernel's variance there), where each class
+// kernel scaled X_I and ran its own d x d x D product.
 Representation build_representation(const ClassKernels& kernels, int C, ConstMatrixView XI, const double* pi,
-                                    const double* b) {
+                                    const double* b, const kernels::SquaredDistances* r2I = nullptr) {
   Representation rep;
   rep.C = C;
   const index_t d = XI.rows;
@@ -119,8 +122,17 @@ Representation build_representation(const ClassKernels& kernels, int C, ConstMat
   const bool classes_on_threads = classes_threaded(d, d);
   Vec logdet_B = zeros(C);
   for_each_task(C, classes_on_threads, [&](index_t c) {
-    if (nk > 1) kernels[c]->K(XI, XI, true, MatrixView(rep.KI[c].data(), d, d));
-    else if (c > 0) rep.KI[c] = rep.KI[0];
+    if (nk > 1 && r2I != nullptr) {
+      const MatrixView KI(rep.KI[c].data(), d, d);
+      kernels[c]->K(XI, XI, false, KI, r2I);
+      Vec diag = zeros(d);
+      kernels[c]->Kdiag(XI, diag.data());
+      for (index_t k = 0; k < d; ++k) KI(k, k) = diag[k];
+    } else if (nk > 1) {
+      kernels[c]->K(XI, XI, true, MatrixView(rep.KI[c].data(), d, d));
+    } else if (c > 0) {
+      rep.KI[c] = rep.KI[0];
+    }
     double* sD = rep.sD.data() + c * d;
     for (index_t k = 0; k < d; ++k) sD[k] = std::sqrt(pi[k * C + c]);
     Vec& Lc = rep.L[c];
@@ -307,7 +319,8 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   // class.
   const bool classes_on_threads = classes_threaded(n, d);
   const OneBlasThreadScope blas_on_one_thread;
-  const Representation rep = build_representation(kernels, C, XI, pi, b);
+  const kernels::SquaredDistances r2I(XI, XI);
+  const Representation rep = build_representation(kernels, C, XI, pi, b, &r2I);
   auto dd = [&](const Vec& v) { return rep.mat(v); };
 
   // Stubs from scratch, per class: M = L^-1 D^1/2 K_{I,.}, a0 = diag K - |M|^2, Y = D^1/2 L^-T M,
@@ -495,7 +508,6 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   // kernel's variance among them): taken out, through Kdiag; K_I through the shared distances of
   // X_I.
   const bool shared = nk == 1;
-  const kernels::SquaredDistances r2I(XI, XI);
   std::vector<Vec> Zs(shared ? C : 0), Es(shared ? C : 0), gccs(shared ? C : 0), slots(shared ? 0 : 2 * C);
   for_each_task(2 * C, classes_on_threads, [&](index_t task) {
     const int c = static_cast<int>(task / 2);
