@@ -99,16 +99,20 @@ struct StubPass {
 };
 
 // Eight doubles, one AVX-512 register (two AVX2 ones, four SSE2 ones in the baseline clone):
-// GCC's vector extension, elementwise IEEE arithmetic.
+// GCC's vector extension, elementwise IEEE arithmetic. (GCC notes that passing such a vector by
+// value has another ABI without AVX-512: these helpers are inlined into this file's functions
+// and never cross a call boundary; the note is silenced down to stub_pass_block.)
 using Lanes = double __attribute__((vector_size(64)));
 constexpr index_t kLanes = 8;
 
-inline Lanes load_lanes(const double* p) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+[[gnu::always_inline]] inline Lanes load_lanes(const double* p) {
   Lanes v;
   __builtin_memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store_lanes(double* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline void store_lanes(double* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
 
 // stub_pass_block's arithmetic for a compile-time C, eight columns at a time with every
 // accumulator in a register: the class's row runs through its C factors, the means' and the new
@@ -123,10 +127,8 @@ template <int C>
   for (index_t t0 = 0; t0 < nb; t0 += kLanes) {
     Lanes G[kPairs];
     for (auto& g : G) g = Lanes{};
-    Lanes S[C];
     for (int c = 0; c < C; ++c) {
       const Lanes sc = load_lanes(a.s + c * n + j0 + t0);
-      S[c] = sc;
       Lanes acc[C];
       for (auto& v : acc) v = Lanes{};
       Lanes hc{}, rc{};
@@ -263,6 +265,8 @@ PYGPFAST_SIMD_CLONES void stub_pass_block(const StubPass& a, index_t j0, index_t
     }
   }
 }
+
+#pragma GCC diagnostic pop
 
 // The representation and the stub buffers of the selection (note 2.2): M and Q in column blocks
 // (below), the rest row-major.
