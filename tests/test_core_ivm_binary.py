@@ -365,6 +365,31 @@ def test_bound_gradient_matches_finite_differences(likelihood, white):
                                (F(params, bias, s2 + es) - F(params, bias, s2 - es)) / (2 * es), rtol=1e-6, atol=1e-8)
 
 
+def test_bound_with_given_distances_equals_the_bound_computing_them():
+    # An isotropic leaf reads the squared distances of X_I and X (K(X_I, X) and its vjp): given
+    # once per selection (kernels.squared_distances, as the search does) or computed by the call,
+    # the same value and gradient bit for bit; the gradient through them against central
+    # differences.
+    X, y = make_problem(60, seed=10)
+    codes, params = (kernels.RBF(variance=1.4, lengthscale=0.9) + kernels.White(variance=0.05))._spec(2)
+    r = select(codes, params, X, y, 15)
+    fixed = dict(active=r["active"], site_b=r["site_b"], site_pi=r["site_pi"])
+    dist = _core.kernels.squared_distances(np.ascontiguousarray(X[r["active"]]), X)
+    plain = ivm.binary_bound(codes, params, X, y, **fixed)
+    given = ivm.binary_bound(codes, params, X, y, distances=dist, **fixed)
+    assert given["value"] == plain["value"] and np.array_equal(given["grad_params"], plain["grad_params"])
+    num = []
+    for i in range(len(params)):
+        e = np.zeros_like(params)
+        e[i] = 1e-5 * params[i]
+        num.append((ivm.binary_bound(codes, params + e, X, y, with_grad=False, distances=dist, **fixed)["value"]
+                    - ivm.binary_bound(codes, params - e, X, y, with_grad=False, distances=dist, **fixed)["value"])
+                   / (2 * e[i]))
+    np.testing.assert_allclose(given["grad_params"], num, rtol=1e-6, atol=1e-8)
+    with pytest.raises(ValueError, match=r"\[d, n\]"):
+        ivm.binary_bound(codes, params, X, y, distances=(np.ascontiguousarray(dist[0][:, 1:]), dist[1]), **fixed)
+
+
 def test_bound_is_an_upper_bound_on_the_negative_log_likelihood_gaussian():
     # fewer active points than n: F >= -log N(y | bias, K + s2 I) (strictly)
     n, s2, bias = 50, 0.2, 0.1

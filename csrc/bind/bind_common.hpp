@@ -4,7 +4,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pygpfast/kernels.hpp"
@@ -100,6 +102,19 @@ inline const std::int32_t* as_int32_vector(const py::array& a, const char* name)
 }
 
 // The core kernel described by (codes, params) for inputs with `input_dim` columns.
+// A `distances` argument: None, or (r2 [rows, cols] C-contiguous, max_norm) as
+// kernels.squared_distances gives them: (values or null, max_norm).
+inline std::pair<const double*, double> given_distances(const py::object& distances, index_t rows, index_t cols) {
+  if (distances.is_none()) return {nullptr, 0.0};
+  const auto pair = distances.cast<py::tuple>();
+  if (pair.size() != 2) throw std::invalid_argument("distances must be (r2 [d, n], max_norm)");
+  const auto r2 = as_matrix(pair[0].cast<py::array>(), "distances' r2");
+  if (r2.rows != rows || r2.cols != cols)
+    throw std::invalid_argument("distances' r2 must be [d, n] for active [d] and X [n, D], got [" +
+                                std::to_string(r2.rows) + ", " + std::to_string(r2.cols) + "]");
+  return {r2.data, pair[1].cast<double>()};
+}
+
 inline kernels::Kernel make_kernel(const py::array& codes, const py::array& params, index_t input_dim) {
   const std::int32_t* c = as_int32_vector(codes, "codes");
   const double* p = as_vector(params, "params");

@@ -201,7 +201,7 @@ void bind_ivm_binary(py::module_& m) {
       "binary_bound",
       [](const py::array& codes, const py::array& params, const py::array& X, const py::array& y,
          const py::array& active, const py::array& site_b, const py::array& site_pi, const std::string& likelihood,
-         double bias, double noise_variance, int n_gh, bool with_grad) {
+         double bias, double noise_variance, int n_gh, bool with_grad, const py::object& distances) {
         const auto Xv = as_matrix(X, "X");
         const index_t n = Xv.rows;
         const double* yv = as_vector(y, "y", n);
@@ -211,6 +211,7 @@ void bind_ivm_binary(py::module_& m) {
         const double* pv = as_vector(site_pi, "site_pi", d);
         const kernels::Kernel kernel = make_kernel(codes, params, Xv.cols);
         const auto lik = make_binary_likelihood(likelihood, bias, noise_variance, n_gh);
+        const auto [r2, r2_max_norm] = given_distances(distances, d, n);
         py::array_t<double> h = new_vector(n), a = new_vector(n), dk = new_vector(kernel.num_params());
         ivm::BoundGradients g;
         g.kernel = dk.mutable_data();
@@ -218,7 +219,7 @@ void bind_ivm_binary(py::module_& m) {
         {
           py::gil_scoped_release release;
           r = ivm::bound(kernel, lik, Xv, yv, I.data(), d, bv, pv, with_grad ? &g : nullptr, h.mutable_data(),
-                         a.mutable_data());
+                         a.mutable_data(), r2, r2_max_norm);
         }
         py::dict out;
         out["value"] = r.value;
@@ -236,10 +237,13 @@ void bind_ivm_binary(py::module_& m) {
       py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("y"), py::kw_only(), py::arg("active"),
       py::arg("site_b"), py::arg("site_pi"), py::arg("likelihood") = "probit", py::arg("bias") = 0.0,
       py::arg("noise_variance") = 1.0, py::arg("n_gh") = 32, py::arg("with_grad") = true,
+      py::arg("distances") = py::none(),
       "Seed 002 section 4's bound F >= -log P(y | theta) for X [n, D], y [n] with the active set "
       "(active [d], any integer dtype) and its sites (site_b, site_pi [d]) fixed, the marginals rebuilt "
       "at the kernel's parameters. Returns a dict: value, expected_neg_log_lik, kl, the marginals h, a [n] "
-      "and, with with_grad, grad_params [P] (in the layout of params), grad_bias, grad_noise_variance.");
+      "and, with with_grad, grad_params [P] (in the layout of params), grad_bias, grad_noise_variance. "
+      "distances: None, or kernels.squared_distances(X[active], X) (computed once for a search's many "
+      "evaluations).");
 }
 
 }  // namespace pygpfast::bind

@@ -354,17 +354,7 @@ void bind_ivm_multiclass(py::module_& m) {
         for (std::size_t k = 0; k < ks.owned.size(); ++k) dk.push_back(dparams.mutable_data() + k * P);
         static_assert(sizeof(index_t) == sizeof(std::int64_t), "index_t is int64");
         const auto* act = static_cast<const index_t*>(active.data());
-        const double* r2 = nullptr;
-        double r2_max_norm = 0.0;
-        if (!distances.is_none()) {
-          const auto pair = distances.cast<py::tuple>();
-          if (pair.size() != 2) throw std::invalid_argument("distances must be (r2 [d, n], max_norm)");
-          const auto r2v = as_matrix(pair[0].cast<py::array>(), "distances' r2");
-          if (r2v.rows != d || r2v.cols != Xv.rows || r2v.ld != r2v.cols)
-            throw std::invalid_argument("distances' r2 must be a C-contiguous [d, n] array for active [d] and X [n, D]");
-          r2 = r2v.data;
-          r2_max_norm = pair[1].cast<double>();
-        }
+        const auto [r2, r2_max_norm] = given_distances(distances, d, Xv.rows);
         ivm::MulticlassBoundResult r;
         {
           py::gil_scoped_release release;

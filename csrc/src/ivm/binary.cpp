@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -439,7 +440,8 @@ void probit_probability(const BinaryLikelihood& lik, const double* mean, const d
 
 BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, ConstMatrixView X,
                   const double* y, const index_t* active, index_t d, const double* site_b,
-                  const double* site_pi, BoundGradients* grad, double* mean_out, double* var_out) {
+                  const double* site_pi, BoundGradients* grad, double* mean_out, double* var_out,
+                  const double* distances, double distances_max_norm) {
   validate(lik);
   const index_t n = X.rows, D = X.cols;
   require(n >= 1, "ivm: X must have at least one row");
@@ -463,7 +465,12 @@ BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, Co
       KI_(static_cast<std::size_t>(d * d)), kdiag(static_cast<std::size_t>(n));
   const MatrixView XI(XI_.data(), d, D), KIn(KIn_.data(), d, n), KI(KI_.data(), d, d);
   for (index_t k = 0; k < d; ++k) std::copy(X.row(active[k]), X.row(active[k]) + D, XI.row(k));
-  kernel.K(XI, X, false, KIn);
+  // (the squared distances of X_I and X, given or computed once, for K(X_I, X) and its vjp)
+  std::optional<kernels::SquaredDistances> r2_storage;
+  if (distances != nullptr) r2_storage.emplace(XI, X, distances, distances_max_norm);
+  else r2_storage.emplace(XI, X);
+  const kernels::SquaredDistances& r2 = *r2_storage;
+  kernel.K(XI, X, false, KIn, &r2);
   kernel.K(XI, XI, true, KI);
   kernel.Kdiag(X, kdiag.data());
   // (K(x_i, x_i) in the cross block is the training matrix's diagonal entry, White included.)
@@ -604,7 +611,7 @@ BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, Co
   });
   const index_t P = kernel.num_params();
   std::fill(grad->kernel, grad->kernel + P, 0.0);
-  kernel.K_vjp(XI, X, false, G, grad->kernel, nullptr, nullptr);
+  kernel.K_vjp(XI, X, false, G, grad->kernel, nullptr, nullptr, &r2);
   // The entries (k, i_k) of K_{I,.} are diagonal entries of the training matrix (set from Kdiag
   // above): their vjp is Kdiag's, not that of K(x, x) between distinct inputs (they differ by
   // a White kernel's variance).

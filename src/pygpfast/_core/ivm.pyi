@@ -29,6 +29,7 @@ def binary_bound(
     noise_variance: float = 1.0,
     n_gh: int = 32,
     with_grad: bool = True,
+    distances: tuple[NDArray, float] | None = None,
 ) -> dict: ...
 def binary_predict(
     codes: NDArray,

@@ -487,6 +487,14 @@ class _Model:
                 grad -= d_lp
         return F, grad
 
+    def _cache_distances(self, sites):
+        """The squared distances of a selection's active rows and X, which the isotropic leaves
+        read, into sites["distances"]: computed once per selection, where each bound evaluation
+        ran the d x n x D GEMM."""
+        if self.reads_distances and "distances" not in sites:
+            sites["distances"] = _core.kernels.squared_distances(
+                np.ascontiguousarray(self.X[np.asarray(sites["active"], dtype=np.intp)]), self.X)
+
     def _bound(self, x, sites, *, with_grad):
         kernels, beta = self.unpack(x)
         codes, params = self._spec(kernels)
@@ -494,11 +502,7 @@ class _Model:
         KP = self.n_kernels * self.P
         if self.joint:
             P = params[0] if self.n_kernels == 1 else np.ascontiguousarray(np.stack(params))
-            if self.reads_distances and "distances" not in sites:
-                # (the squared distances of the active rows and X, which the isotropic leaves
-                # read: once per selection, where each evaluation computed them, a d x n x D GEMM)
-                sites["distances"] = _core.kernels.squared_distances(
-                    np.ascontiguousarray(self.X[sites["active"]]), self.X)
+            self._cache_distances(sites)
             r = _core.ivm.multiclass_bound(codes, P, self.X, self.y, sites["active"],
                                            sites["pi"], sites["b"],
                                            beta=np.ascontiguousarray(beta), rule=self.rule,
@@ -511,9 +515,11 @@ class _Model:
         for l in range(self.L):
             k = l % self.n_kernels
             s = sites[l]
+            self._cache_distances(s)
             r = _core.ivm.binary_bound(codes, params[k], self.X, self.ypm[l], active=s["active"],
                                        site_b=s["site_b"], site_pi=s["site_pi"],
-                                       bias=float(beta[l]), with_grad=with_grad)
+                                       bias=float(beta[l]), with_grad=with_grad,
+                                       distances=s.get("distances"))
             value += float(r["value"])
             if with_grad:
                 grad[k * self.P:(k + 1) * self.P] += r["grad_params"] * params[k]

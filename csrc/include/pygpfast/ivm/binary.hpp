@@ -207,9 +207,12 @@ struct BoundGradients {
 // active [d] distinct indices into X; site_b, site_pi [d] with pi >= 0 (and b = 0 where pi = 0).
 // When not null, mean and var [n] receive the marginals h, a at these parameters. grad (or null)
 // receives the gradients: O(n d^2) once, then one kernel vjp on K(X_I, X) and one on K(X_I, X_I).
+// distances: null, or the squared distances [d, n] of X[active] and X with their max_norm
+// (kernels::SquaredDistances' values() and max_norm()), which K(X_I, X) and its vjp read for
+// isotropic leaves: a search computes them once per active set.
 BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, ConstMatrixView X,
                   const double* y, const index_t* active, index_t d, const double* site_b,
                   const double* site_pi, BoundGradients* grad, double* mean = nullptr,
-                  double* var = nullptr);
+                  double* var = nullptr, const double* distances = nullptr, double distances_max_norm = 0.0);
 
 }  // namespace pygpfast::ivm
