@@ -69,7 +69,7 @@ constexpr index_t kColumnParts = 2;
 // n = 800, d = 150 they took 7 times as long as one thread there.)
 constexpr index_t kBoundTasksThreadedFrom = index_t{1} << 20;
 
-bool classes_threaded(index_t n, index_t d) { return n * d * d >= kBoundTasksThreadedFrom; }
+bool tasks_threaded(index_t n, index_t d) { return n * d * d >= kBoundTasksThreadedFrom; }
 
 void potrf_or_throw(MatrixView A, const char* what) {
   const int info = blas::potrf_lower(A);
@@ -119,9 +119,9 @@ Representation build_representation(const ClassKernels& kernels, int C, ConstMat
   rep.W.assign(C, zeros(d * d));
   rep.R = zeros(d * d);
   if (nk == 1) kernels[0]->K(XI, XI, true, MatrixView(rep.KI[0].data(), d, d));
-  const bool classes_on_threads = classes_threaded(d, d);
+  const bool tasks_on_threads = tasks_threaded(d, d);
   Vec logdet_B = zeros(C);
-  for_each_task(C, classes_on_threads, [&](index_t c) {
+  for_each_task(C, tasks_on_threads, [&](index_t c) {
     if (nk > 1 && r2I != nullptr) {
       const MatrixView KI(rep.KI[c].data(), d, d);
       kernels[c]->K(XI, XI, false, KI, r2I);
@@ -315,9 +315,9 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   kernel_columns(0, K0.data());
 
   // The rest with the BLAS on one thread, the (class, column part) tasks on the core's threads
-  // (classes_threaded): the largest products are d x n x d GEMMs and triangular solves, ~4 per
+  // (tasks_threaded): the largest products are d x n x d GEMMs and triangular solves, ~4 per
   // class.
-  const bool classes_on_threads = classes_threaded(n, d);
+  const bool tasks_on_threads = tasks_threaded(n, d);
   const OneBlasThreadScope blas_on_one_thread;
   const kernels::SquaredDistances r2I(XI, XI);
   const Representation rep = build_representation(kernels, C, XI, pi, b, &r2I);
@@ -328,11 +328,11 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   // class), then (class, column part) tasks.
   std::vector<Vec> Y(C, zeros(d * n)), Q(C, zeros(d * n));
   Vec a0 = zeros(C * n), h = zeros(C * n);
-  if (nk > 1) for_each_task(C - 1, classes_on_threads, [&](index_t t) { kernel_columns(t + 1, Y[t + 1].data()); });
+  if (nk > 1) for_each_task(C - 1, tasks_on_threads, [&](index_t t) { kernel_columns(t + 1, Y[t + 1].data()); });
   // Columns [j0, j1) of part p of kColumnParts.
   auto part_columns = [&](index_t p) { return std::pair<index_t, index_t>{p * n / kColumnParts, (p + 1) * n / kColumnParts}; };
   auto columns = [&](Vec& v, index_t j0, index_t j1) { return MatrixView(v.data() + j0, d, j1 - j0, n); };
-  for_each_task(C * kColumnParts, classes_on_threads, [&](index_t task) {
+  for_each_task(C * kColumnParts, tasks_on_threads, [&](index_t task) {
     const int c = static_cast<int>(task / kColumnParts);
     const auto [j0, j1] = part_columns(task % kColumnParts);
     const std::size_t kc = nk == 1 ? 0 : c;
@@ -403,7 +403,7 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   }
   std::vector<Vec> P(C, zeros(d * d)), WK(C, zeros(d * d));
   Vec kl_class = zeros(C);
-  for_each_task(C, classes_on_threads, [&](index_t c) {
+  for_each_task(C, tasks_on_threads, [&](index_t c) {
     blas::gemm(Trans::No, Trans::No, 1.0, dd(rep.W[c]), dd(rep.KI[c]), 0.0, MatrixView(WK[c].data(), d, d));
     blas::gemm(Trans::No, Trans::No, 1.0, dd(WK[c]), dd(rep.W[c]), 0.0, MatrixView(P[c].data(), d, d));
     Vec Kxi = zeros(d);
@@ -454,7 +454,7 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
       }
     });
   }
-  for_each_task(C * kColumnParts, classes_on_threads, [&](index_t task) {
+  for_each_task(C * kColumnParts, tasks_on_threads, [&](index_t task) {
     const int c = static_cast<int>(task / kColumnParts);
     const auto [j0, j1] = part_columns(task % kColumnParts);
     const index_t w = j1 - j0;
@@ -509,7 +509,7 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   // X_I.
   const bool shared = nk == 1;
   std::vector<Vec> Zs(shared ? C : 0), Es(shared ? C : 0), gccs(shared ? C : 0), slots(shared ? 0 : 2 * C);
-  for_each_task(2 * C, classes_on_threads, [&](index_t task) {
+  for_each_task(2 * C, tasks_on_threads, [&](index_t task) {
     const int c = static_cast<int>(task / 2);
     const Vec& xi = rep.xi[c];
     const Vec& Yc = Y[c];
