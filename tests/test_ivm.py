@@ -419,3 +419,24 @@ def test_a_failed_reselection_keeps_the_best_selection(monkeypatch):
     # (the start's bound; the searched fit's objective_ adds the default priors' log density)
     assert m.objective_ == fixed.objective_ + m.log_prior_ and m.log_prior_ < 0.0
     np.testing.assert_array_equal(m.predict_proba(X), fixed.predict_proba(X))
+
+
+@pytest.mark.parametrize("multi_class", ["joint", "ovr"])
+def test_learning_fit_is_the_same_on_one_and_two_threads(multi_class, restore_threads):
+    # The search's bounds read the squared distances of each selection's active rows and X,
+    # computed once with the BLAS on one thread, and run their work as tasks whose arithmetic
+    # does not depend on the thread: the fitted objective and probabilities are bit for bit the
+    # same on one and two threads (with one lengthscale, so that the distances are read; the
+    # bound's tasks run threaded from n d^2 = 2^20).
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(1500, 200))
+    y = np.argmax(X[:, :3] + 0.4 * rng.normal(size=(1500, 3)), axis=1)
+    kernel = kernels.RBF(variance=1.0, lengthscale=15.0) + kernels.Constant(0.5)
+    fits = []
+    for threads in (1, 2):
+        pygpfast.set_num_threads(threads)
+        clf = IVMClassifier(kernel, active_size=60, multi_class=multi_class, shared_kernel=False,
+                            max_iter=4, reselect_every=2, random_state=0).fit(X, y)
+        fits.append((clf.objective_, clf.predict_proba(X[:50])))
+    assert fits[0][0] == fits[1][0]
+    assert np.array_equal(fits[0][1], fits[1][1])

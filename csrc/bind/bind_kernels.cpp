@@ -8,6 +8,7 @@
 
 #include "bind_common.hpp"
 #include "pygpfast/kernels.hpp"
+#include "pygpfast/threads.hpp"
 
 namespace pygpfast::bind {
 namespace {
@@ -69,6 +70,9 @@ void bind_kernels(py::module_& m) {
         double max_norm = 0.0;
         {
           py::gil_scoped_release release;
+          // (the BLAS on one thread: its threaded GEMM's digits depend on the thread count, and a
+          // search that computes these once per selection gives them to every evaluation)
+          const OneBlasThreadScope one_blas_thread;
           const kernels::SquaredDistances r2(X, X2);
           std::copy(r2.values(), r2.values() + X.rows * X2.rows, out.mutable_data());
           max_norm = r2.max_norm();
@@ -79,7 +83,8 @@ void bind_kernels(py::module_& m) {
       "(r2 [N, M], max_norm): the squared distances of the rows of X [N, D] and X2 [M, D] as the "
       "leaves read them (kernels::SquaredDistances) and the largest squared norm of a centred row "
       "(which decides where a leaf can read them), for a caller that passes them to many "
-      "evaluations on the same inputs (ivm.multiclass_bound's distances).");
+      "evaluations on the same inputs (ivm.multiclass_bound's distances). The same digits on any "
+      "thread count (the BLAS on one thread).");
 
   m.def(
       "Kdiag",
