@@ -112,7 +112,7 @@ constexpr index_t kLanes = 8;
   __builtin_memcpy(&v, p, sizeof v);
   return v;
 }
-[[gnu::always_inline]] inline void store_lanes(double* p, Lanes v) { __builtin_memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline void store_lanes(double* p, const Lanes& v) { __builtin_memcpy(p, &v, sizeof v); }
 
 // stub_pass_block's arithmetic for a compile-time C, eight columns at a time with every
 // accumulator in a register: the class's row runs through its C factors, the means' and the new
