@@ -101,7 +101,6 @@ inline const std::int32_t* as_int32_vector(const py::array& a, const char* name)
   return static_cast<const std::int32_t*>(a.data());
 }
 
-// The core kernel described by (codes, params) for inputs with `input_dim` columns.
 // A `distances` argument: None, or (r2 [rows, cols] C-contiguous, max_norm) as
 // kernels.squared_distances gives them: (values or null, max_norm).
 inline std::pair<const double*, double> given_distances(const py::object& distances, index_t rows, index_t cols) {
@@ -115,6 +114,7 @@ inline std::pair<const double*, double> given_distances(const py::object& distan
   return {r2.data, pair[1].cast<double>()};
 }
 
+// The core kernel described by (codes, params) for inputs with `input_dim` columns.
 inline kernels::Kernel make_kernel(const py::array& codes, const py::array& params, index_t input_dim) {
   const std::int32_t* c = as_int32_vector(codes, "codes");
   const double* p = as_vector(params, "params");

@@ -473,10 +473,11 @@ SquaredDistances::SquaredDistances(ConstMatrixView X, ConstMatrixView X2) : X_(X
 }
 
 SquaredDistances::SquaredDistances(ConstMatrixView X, ConstMatrixView X2, const double* values, double max_norm)
-    : X_(X), X2_(X2), max_norm_(max_norm), values_(values) {
-  require(X.cols == X2.cols, "X has ", X.cols, " columns and X2 ", X2.cols);
-  require(values != nullptr || X.rows * X2.rows == 0, "the given distances are missing");
+    : SquaredDistances(X, X2) {
+  if (values == nullptr) return;
   require(max_norm >= 0.0, "the given distances' max_norm must be >= 0, got ", max_norm);
+  max_norm_ = max_norm;
+  values_ = values;
   std::call_once(computed_, [] {});
 }
 

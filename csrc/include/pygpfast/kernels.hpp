@@ -61,7 +61,7 @@ class SquaredDistances {
   SquaredDistances(ConstMatrixView X, ConstMatrixView X2);
   // Distances computed earlier for the same X and X2 (values() and max_norm() of one built as
   // above), for a caller that evaluates kernels on the same inputs many times: `values` [N, M]
-  // is read, not copied, and must outlive this.
+  // is read, not copied, and must outlive this; null: as the constructor above.
   SquaredDistances(ConstMatrixView X, ConstMatrixView X2, const double* values, double max_norm);
   index_t rows() const { return X_.rows; }
   index_t cols() const { return X2_.rows; }

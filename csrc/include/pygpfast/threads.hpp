@@ -7,6 +7,9 @@
 // loop is split only when each thread gets at least `min_per_thread` items.
 #pragma once
 
+#include <atomic>
+#include <type_traits>
+
 #include "pygpfast/region_errors.hpp"
 #include "pygpfast/view.hpp"
 
@@ -111,5 +114,41 @@ class SingleThreadScope {
   bool active_;
   bool blas_ = false;
 };
+
+// For a loop whose tasks call BLAS: body(t) (or body(t, state)) for every t in [0, count), the
+// tasks taken in turn by `threads` OpenMP threads (one shared counter, as schedule(dynamic, 1)),
+// each thread inside a SingleThreadScope (its BLAS calls and the core's loops on one thread) and
+// with its own State (default-constructed once per thread: scratch its tasks reuse). Pass
+// threads_for_blas_calls(count, ...), or 1. A task's arithmetic does not depend on the thread
+// that runs it. An exception is rethrown after the loop: that of the lowest rank(t) among the
+// failed tasks, as in rank order (region_errors.hpp). On one thread, no OpenMP region (see
+// parallel_for).
+struct NoTaskState {};
+struct TaskIndex {
+  index_t operator()(index_t t) const { return t; }
+};
+template <class State = NoTaskState, class Body, class Rank = TaskIndex>
+void for_each_blas_task(index_t count, int threads, const Body& body, const Rank& rank = Rank()) {
+  RegionErrors errors;
+  std::atomic<index_t> next{0};
+  auto worker = [&] {
+    const SingleThreadScope one_thread(true);
+    State state;
+    for (index_t t; (t = next.fetch_add(1)) < count;)
+      errors.run(rank(t), [&] {
+        if constexpr (std::is_invocable_v<const Body&, index_t>) body(t);
+        else body(t, state);
+      });
+  };
+  if (threads <= 1) {
+    worker();
+  } else {
+#ifdef _OPENMP  // (without it threads_for_blas_calls answers 1)
+#pragma omp parallel num_threads(threads)
+    worker();
+#endif
+  }
+  errors.rethrow();
+}
 
 }  // namespace pygpfast

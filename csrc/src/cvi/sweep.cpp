@@ -8,7 +8,6 @@
 #include "inference.hpp"
 #include "pygpfast/blas.hpp"
 #include "pygpfast/errors.hpp"
-#include "pygpfast/region_errors.hpp"
 #include "pygpfast/threads.hpp"
 
 namespace pygpfast::cvi::detail {
@@ -161,7 +160,6 @@ void SiteSweep::add_lower_update(MatrixView V, const double* U, const double* s,
     diagonal(0, N);
     return;
   }
-  [[maybe_unused]] const int nt = threads_for_blas_calls(panels, 1);
   for (index_t t = 0; t < k; ++t)
     for (index_t p = 0; p < N; ++p) W[t * N + p] = s[t] * U[t * N + p];
   auto panel = [&](index_t q) {
@@ -172,23 +170,7 @@ void SiteSweep::add_lower_update(MatrixView V, const double* U, const double* s,
                  ConstMatrixView(W + c0, k, w, N), 1.0,
                  MatrixView(V.data + below * N + c0, N - below, w, N));
   };
-  if (nt == 1) {  // (no OpenMP region: see parallel_for)
-    const SingleThreadScope serial_blas(true);
-    for (index_t q = 0; q < panels; ++q) panel(q);
-  } else {
-    RegionErrors errors;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt)
-#endif
-    {
-      const SingleThreadScope serial_blas(true);
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-      for (index_t q = 0; q < panels; ++q) errors.run(q, [&] { panel(q); });
-    }
-    errors.rethrow();
-  }
+  for_each_blas_task(panels, threads_for_blas_calls(panels, 1), panel);
 }
 
 // The scalar problem of coordinate (l, i) (eq. 16): maximise

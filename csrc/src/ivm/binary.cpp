@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <optional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -466,10 +465,7 @@ BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, Co
   const MatrixView XI(XI_.data(), d, D), KIn(KIn_.data(), d, n), KI(KI_.data(), d, d);
   for (index_t k = 0; k < d; ++k) std::copy(X.row(active[k]), X.row(active[k]) + D, XI.row(k));
   // (the squared distances of X_I and X, given or computed once, for K(X_I, X) and its vjp)
-  std::optional<kernels::SquaredDistances> r2_storage;
-  if (distances != nullptr) r2_storage.emplace(XI, X, distances, distances_max_norm);
-  else r2_storage.emplace(XI, X);
-  const kernels::SquaredDistances& r2 = *r2_storage;
+  const kernels::SquaredDistances r2(XI, X, distances, distances_max_norm);
   kernel.K(XI, X, false, KIn, &r2);
   kernel.K(XI, XI, true, KI);
   kernel.Kdiag(X, kdiag.data());

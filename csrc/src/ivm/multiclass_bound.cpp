@@ -1,9 +1,7 @@
 // From-scratch representation of the joint multi-class IVM (notes/ivm-math.md section 2.8),
 // prediction (section 2.7) and the seed section-4 bound with its gradient (section 2.8).
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,7 +10,6 @@
 #include "pygpfast/errors.hpp"
 #include "pygpfast/ivm/multiclass.hpp"
 #include "pygpfast/linalg.hpp"
-#include "pygpfast/region_errors.hpp"
 #include "pygpfast/threads.hpp"
 #include "pygpfast/workspace.hpp"
 #include "small_dense.hpp"
@@ -32,30 +29,6 @@ using Vec = workspace::Buffer;
 
 Vec zeros(index_t n) { return Vec(static_cast<std::size_t>(n), 0.0); }
 
-// body(t) for every task t < count. `threaded`: the tasks taken in turn by the core's threads,
-// each thread with the BLAS on one thread (the pattern of threads_for_blas_calls); else in order
-// on this thread, the BLAS on its own threads. A task's arithmetic is the same on whichever thread
-// runs it. An exception is rethrown after the loop: the lowest task's, as in order.
-template <class Body>
-void for_each_task(index_t count, bool threaded, const Body& body) {
-  const int threads = threaded ? threads_for_blas_calls(count, 1) : 1;
-  RegionErrors errors;
-  std::atomic<index_t> next{0};
-  auto worker = [&] {
-    const SingleThreadScope one_blas_thread(threads > 1);
-    for (index_t t; (t = next.fetch_add(1)) < count;) errors.run(t, [&] { body(t); });
-  };
-  if (threads == 1) {
-    worker();
-  } else {
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads)
-    worker();
-#endif
-  }
-  errors.rethrow();
-}
-
 // The d x n stages of the bound run as C x kColumnParts tasks (class, column range): with C = 5
 // classes on two threads, whole classes left one thread idle a sixth of the time.
 constexpr index_t kColumnParts = 2;
@@ -69,7 +42,10 @@ constexpr index_t kColumnParts = 2;
 // n = 800, d = 150 they took 7 times as long as one thread there.)
 constexpr index_t kBoundTasksThreadedFrom = index_t{1} << 20;
 
-bool tasks_threaded(index_t n, index_t d) { return n * d * d >= kBoundTasksThreadedFrom; }
+// Threads for `count` of the bound's tasks at n points, d active (for_each_blas_task).
+int task_threads(index_t count, index_t n, index_t d) {
+  return n * d * d >= kBoundTasksThreadedFrom ? threads_for_blas_calls(count, 1) : 1;
+}
 
 void potrf_or_throw(MatrixView A, const char* what) {
   const int info = blas::potrf_lower(A);
@@ -119,9 +95,8 @@ Representation build_representation(const ClassKernels& kernels, int C, ConstMat
   rep.W.assign(C, zeros(d * d));
   rep.R = zeros(d * d);
   if (nk == 1) kernels[0]->K(XI, XI, true, MatrixView(rep.KI[0].data(), d, d));
-  const bool tasks_on_threads = tasks_threaded(d, d);
   Vec logdet_B = zeros(C);
-  for_each_task(C, tasks_on_threads, [&](index_t c) {
+  for_each_blas_task(C, task_threads(C, d, d), [&](index_t c) {
     if (nk > 1 && r2I != nullptr) {
       const MatrixView KI(rep.KI[c].data(), d, d);
       kernels[c]->K(XI, XI, false, KI, r2I);
@@ -302,10 +277,7 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   // gradient), or none when the caller gives them. Class 0's kernel (or the shared one) is
   // evaluated first, on the BLAS's threads (one GEMM, long enough to pay for them at every
   // size), which computes them when a leaf reads them.
-  std::optional<kernels::SquaredDistances> r2_storage;
-  if (distances != nullptr) r2_storage.emplace(XI, X, distances, distances_max_norm);
-  else r2_storage.emplace(XI, X);
-  const kernels::SquaredDistances& r2 = *r2_storage;
+  const kernels::SquaredDistances r2(XI, X, distances, distances_max_norm);
   // K_{I,.} of kernel k into out, with entries (k, I_k) = diag K (a White kernel's variance)
   auto kernel_columns = [&](std::size_t k, double* out) {
     kernels[k]->K(XI, X, false, MatrixView(out, d, n), &r2);
@@ -315,9 +287,8 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   kernel_columns(0, K0.data());
 
   // The rest with the BLAS on one thread, the (class, column part) tasks on the core's threads
-  // (tasks_threaded): the largest products are d x n x d GEMMs and triangular solves, ~4 per
+  // (task_threads): the largest products are d x n x d GEMMs and triangular solves, ~4 per
   // class.
-  const bool tasks_on_threads = tasks_threaded(n, d);
   const OneBlasThreadScope blas_on_one_thread;
   const kernels::SquaredDistances r2I(XI, XI);
   const Representation rep = build_representation(kernels, C, XI, pi, b, &r2I);
@@ -328,11 +299,11 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   // class), then (class, column part) tasks.
   std::vector<Vec> Y(C, zeros(d * n)), Q(C, zeros(d * n));
   Vec a0 = zeros(C * n), h = zeros(C * n);
-  if (nk > 1) for_each_task(C - 1, tasks_on_threads, [&](index_t t) { kernel_columns(t + 1, Y[t + 1].data()); });
+  if (nk > 1) for_each_blas_task(C - 1, task_threads(C - 1, n, d), [&](index_t t) { kernel_columns(t + 1, Y[t + 1].data()); });
   // Columns [j0, j1) of part p of kColumnParts.
   auto part_columns = [&](index_t p) { return std::pair<index_t, index_t>{p * n / kColumnParts, (p + 1) * n / kColumnParts}; };
   auto columns = [&](Vec& v, index_t j0, index_t j1) { return MatrixView(v.data() + j0, d, j1 - j0, n); };
-  for_each_task(C * kColumnParts, tasks_on_threads, [&](index_t task) {
+  for_each_blas_task(C * kColumnParts, task_threads(C * kColumnParts, n, d), [&](index_t task) {
     const int c = static_cast<int>(task / kColumnParts);
     const auto [j0, j1] = part_columns(task % kColumnParts);
     const std::size_t kc = nk == 1 ? 0 : c;
@@ -403,7 +374,7 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   }
   std::vector<Vec> P(C, zeros(d * d)), WK(C, zeros(d * d));
   Vec kl_class = zeros(C);
-  for_each_task(C, tasks_on_threads, [&](index_t c) {
+  for_each_blas_task(C, task_threads(C, n, d), [&](index_t c) {
     blas::gemm(Trans::No, Trans::No, 1.0, dd(rep.W[c]), dd(rep.KI[c]), 0.0, MatrixView(WK[c].data(), d, d));
     blas::gemm(Trans::No, Trans::No, 1.0, dd(WK[c]), dd(rep.W[c]), 0.0, MatrixView(P[c].data(), d, d));
     Vec Kxi = zeros(d);
@@ -454,7 +425,7 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
       }
     });
   }
-  for_each_task(C * kColumnParts, tasks_on_threads, [&](index_t task) {
+  for_each_blas_task(C * kColumnParts, task_threads(C * kColumnParts, n, d), [&](index_t task) {
     const int c = static_cast<int>(task / kColumnParts);
     const auto [j0, j1] = part_columns(task % kColumnParts);
     const index_t w = j1 - j0;
@@ -504,12 +475,31 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
   // Per class, two tasks: d/dK_{I,.} (Z) and d/dK_I (E). With a kernel per class their vjps run
   // in the tasks, each into its own slot (summed into the class's kernel in task order); with one
   // shared kernel, Z and E are summed over the classes in class order and taken once (the vjp is
-  // linear in them). Entries (k, I_k) of K_{I,.} and K_I's diagonal are diag K's (a White
-  // kernel's variance among them): taken out, through Kdiag; K_I through the shared distances of
-  // X_I.
+  // linear in them).
   const bool shared = nk == 1;
   std::vector<Vec> Zs(shared ? C : 0), Es(shared ? C : 0), gccs(shared ? C : 0), slots(shared ? 0 : 2 * C);
-  for_each_task(2 * C, tasks_on_threads, [&](index_t task) {
+  // d/dtheta <Z, K_{I,.}> into dpar (Z's entries (k, I_k) taken out, through Kdiag)
+  auto vjp_columns = [&](const kernels::Kernel& kernel, Vec& Z, double* dpar) {
+    Vec zdiag = zeros(d);
+    for (index_t k = 0; k < d; ++k) {
+      zdiag[k] = Z[k * n + active[k]];
+      Z[k * n + active[k]] = 0.0;
+    }
+    kernel.K_vjp(XI, X, false, ConstMatrixView(Z.data(), d, n), dpar, nullptr, nullptr, &r2);
+    kernel.Kdiag_vjp(XI, zdiag.data(), dpar);
+  };
+  // d/dtheta (<E, K_I> + <g, diag K>) into dpar (E's diagonal through Kdiag)
+  auto vjp_active = [&](const kernels::Kernel& kernel, Vec& E, const Vec& g, double* dpar) {
+    Vec ediag = zeros(d);
+    for (index_t k = 0; k < d; ++k) {
+      ediag[k] = E[k * d + k];
+      E[k * d + k] = 0.0;
+    }
+    kernel.K_vjp(XI, XI, false, dd(E), dpar, nullptr, nullptr, &r2I);
+    kernel.Kdiag_vjp(XI, ediag.data(), dpar);
+    kernel.Kdiag_vjp(X, g.data(), dpar);
+  };
+  for_each_blas_task(2 * C, task_threads(2 * C, n, d), [&](index_t task) {
     const int c = static_cast<int>(task / 2);
     const Vec& xi = rep.xi[c];
     const Vec& Yc = Y[c];
@@ -526,17 +516,8 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
         for (index_t j = 0; j < n; ++j) Z[k * n + j] = xi[k] * ghc[j] - 2.0 * (Yc[k * n + j] * gcc[j]);
       blas::gemm(Trans::Yes, Trans::No, 2.0, dd(GWc), ConstMatrixView(U[c].data(), d, n), 1.0,
                  MatrixView(Z.data(), d, n));
-      if (shared) {
-        Zs[c] = std::move(Z);
-        return;
-      }
-      Vec zdiag = zeros(d);
-      for (index_t k = 0; k < d; ++k) {
-        zdiag[k] = Z[k * n + active[k]];
-        Z[k * n + active[k]] = 0.0;
-      }
-      kernels[c]->K_vjp(XI, X, false, ConstMatrixView(Z.data(), d, n), slots[task].data(), nullptr, nullptr, &r2);
-      kernels[c]->Kdiag_vjp(XI, zdiag.data(), slots[task].data());
+      if (shared) Zs[c] = std::move(Z);
+      else vjp_columns(*kernels[c], Z, slots[task].data());
       return;
     }
     const Vec& Wc = rep.W[c];
@@ -575,17 +556,9 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
     if (shared) {
       Es[c] = std::move(E);
       gccs[c] = std::move(gcc);
-      return;
+    } else {
+      vjp_active(*kernels[c], E, gcc, slots[task].data());
     }
-    Vec ediag = zeros(d);
-    for (index_t k = 0; k < d; ++k) {
-      ediag[k] = E[k * d + k];
-      E[k * d + k] = 0.0;
-    }
-    double* dpar = slots[task].data();
-    kernels[c]->K_vjp(XI, XI, false, dd(E), dpar, nullptr, nullptr, &r2I);
-    kernels[c]->Kdiag_vjp(XI, ediag.data(), dpar);
-    kernels[c]->Kdiag_vjp(X, gcc.data(), dpar);
   });
   if (shared) {
     Vec& Z = Zs[0];
@@ -597,19 +570,8 @@ MulticlassBoundResult multiclass_bound(const ClassKernels& kernels, int C, Const
       for (index_t k = 0; k < d * d; ++k) E[k] += Es[c][k];
       for (index_t j = 0; j < n; ++j) gccs[0][j] += gccs[c][j];
     }
-    Vec zdiag = zeros(d), ediag = zeros(d);
-    for (index_t k = 0; k < d; ++k) {
-      zdiag[k] = Z[k * n + active[k]];
-      Z[k * n + active[k]] = 0.0;
-      ediag[k] = E[k * d + k];
-      E[k * d + k] = 0.0;
-    }
-    double* dpar = (*d_kernel)[0];
-    kernels[0]->K_vjp(XI, X, false, ConstMatrixView(Z.data(), d, n), dpar, nullptr, nullptr, &r2);
-    kernels[0]->Kdiag_vjp(XI, zdiag.data(), dpar);
-    kernels[0]->K_vjp(XI, XI, false, dd(E), dpar, nullptr, nullptr, &r2I);
-    kernels[0]->Kdiag_vjp(XI, ediag.data(), dpar);
-    kernels[0]->Kdiag_vjp(X, gccs[0].data(), dpar);
+    vjp_columns(*kernels[0], Z, (*d_kernel)[0]);
+    vjp_active(*kernels[0], E, gccs[0], (*d_kernel)[0]);
   } else {
     for (int c = 0; c < C; ++c)
       for (index_t t = 2 * c; t < 2 * c + 2; ++t)

@@ -1,7 +1,6 @@
 #include "pygpfast/moe/experts.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -13,13 +12,8 @@
 #include "pygpfast/kernels.hpp"
 #include "pygpfast/likelihoods.hpp"
 #include "pygpfast/linalg.hpp"
-#include "pygpfast/region_errors.hpp"
 #include "pygpfast/threads.hpp"
 #include "pygpfast/vmath.hpp"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace pygpfast::moe {
 
@@ -303,8 +297,8 @@ void factor_offsets(const index_t* offsets, index_t blocks, index_t* out) {
 
 namespace {
 
-// Runs body(p) for every block, largest first, on OpenMP threads (dynamic: an atomic counter over
-// the sorted blocks), every thread inside a SingleThreadScope (also on one thread, so that the
+// Runs body(p) for every block, largest first, on OpenMP threads (for_each_blas_task over the
+// sorted blocks), every thread inside a SingleThreadScope (also on one thread, so that the
 // arithmetic is the same for every thread count). A failure is rethrown after the region: that
 // of the lowest-numbered failed block (region_errors.hpp), its message naming the block.
 template <class Body>
@@ -326,26 +320,11 @@ void for_each_block(const index_t* offsets, index_t blocks, const Body& body) {
       throw std::invalid_argument(where() + e.what());
     }
   };
-  RegionErrors errors;
-  std::atomic<index_t> next{0};
-  auto worker = [&] {
-    const SingleThreadScope one_thread(true);
-    BlockWorkspace ws;
-    for (index_t i; (i = next.fetch_add(1)) < blocks;) {
-      const index_t p = order[static_cast<std::size_t>(i)];
-      errors.run(p, [&] { block(p, ws); });
-    }
-  };
-  [[maybe_unused]] const int threads = threads_for_blas_calls(blocks, 1);
-  if (threads == 1) {
-    worker();
-  } else {
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads)
-    worker();
-#endif
-  }
-  errors.rethrow();
+  // (blocks in `order`, an exception's rank the block's number)
+  auto block_at = [&](index_t i) { return order[static_cast<std::size_t>(i)]; };
+  for_each_blas_task<BlockWorkspace>(
+      blocks, threads_for_blas_calls(blocks, 1), [&](index_t i, BlockWorkspace& ws) { block(block_at(i), ws); },
+      block_at);
 }
 
 // Copies rows[0..n) of X into buffer [n, D].
