@@ -202,3 +202,108 @@ def test_label_noise_needs_two_classes_and_method_kl():
         pygpfast.SVGPClassifier(label_noise=0.1, method="mf", max_iter=3).fit(X, y)
     with pytest.raises(ValueError, match="label_noise"):
         pygpfast.SVGPClassifier(label_noise=0.5).fit(X, y)
+
+
+# ---------------------------------------------------------------- learned label noise
+def _packed_objective(model, X, y, packer):
+    """The L-BFGS-B objective's value and gradient at the packer's vector (ELBO + log prior)."""
+    def f(x):
+        value, g = model.elbo(X, y, scale=1.0, with_grad=True, hyper=packer.apply(x))
+        return packer.add_log_prior(value, packer.grad(g, x), x)
+    return f
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "robustmax"])
+def test_learned_label_noise_gradient_matches_finite_differences(kind):
+    """With epsilon learned, the search's gradient in log epsilon (the core's d/deps times
+    epsilon, plus the default prior's) and in the kernel's log parameters, by central
+    differences of the search's own objective."""
+    from pygpfast._base._priors import attach_default_noise_prior
+    from pygpfast.likelihoods import RobustMax
+    from pygpfast.svgp._optim import Packer
+
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(50, 2))
+    if kind == "bernoulli":
+        y = (X[:, 0] + 0.5 * rng.normal(size=50) > 0).astype(float)
+        lik = Bernoulli("logit", label_noise=0.04, learn_label_noise=True)
+    else:
+        y = np.argmax(X @ rng.normal(size=(2, 3)) + 0.5 * rng.normal(size=(50, 3)), axis=1).astype(float)
+        lik = RobustMax(3, epsilon=0.04, learn_epsilon=True)
+    attach_default_noise_prior(lik)
+    model = SVGP(pygpfast.kernels.RBF(variance=1.3, lengthscale=[0.9, 1.4]), lik, X[:7].copy())
+    model.q_mu = 0.3 * rng.normal(size=model.q_mu.shape)
+    packer = Packer(model, train_Z=False)
+    assert packer.n_lik == 1 and np.isfinite(packer.lower[-1]) and np.exp(packer.upper[-1]) < lik._NOISE_MAX
+    f = _packed_objective(model, X, y, packer)
+    x0 = packer.get()
+    assert np.exp(x0[-1]) == pytest.approx(0.04, rel=1e-15)
+    _, grad = f(x0)
+    h = 1e-5
+    for j in range(packer._hyper_start, packer.size):  # kernel variance, lengthscales, epsilon
+        e = np.zeros_like(x0)
+        e[j] = h
+        numeric = (f(x0 + e)[0] - f(x0 - e)[0]) / (2 * h)
+        assert grad[j] == pytest.approx(numeric, rel=1e-6, abs=1e-8)
+
+
+def test_learned_label_noise_follows_the_flipped_share():
+    """epsilon learned on clean labels stays small; with 15% of the labels flipped it grows
+    towards the flip rate and the hold-out log loss on clean labels beats the fixed-at-0 fit.
+    The fit's epsilon is inside its box, the prior's share in log_prior_, and the floor of the
+    predicted probabilities is the learned epsilon."""
+    X, y = _flipped_data(n=400, flip=0.0, seed=1)
+    Xf, yf = _flipped_data(n=400, flip=0.15, seed=1)
+    Xt, yt = _flipped_data(n=2000, flip=0.0, seed=2)
+    clean = pygpfast.SVGPClassifier(label_noise="learn", n_inducing=30, random_state=0).fit(X, y)
+    noisy = pygpfast.SVGPClassifier(label_noise="learn", n_inducing=30, random_state=0).fit(Xf, yf)
+    plain = pygpfast.SVGPClassifier(n_inducing=30, random_state=0).fit(Xf, yf)
+    eps_clean, eps_noisy = clean.likelihood_.label_noise, noisy.likelihood_.label_noise
+    assert eps_clean < 0.02 and 0.05 < eps_noisy < 0.2
+    for clf in (clean, noisy):
+        lik = clf.likelihood_
+        lower, upper = lik.theta_bounds()
+        assert lower[0] + 1 < lik.theta[0] < upper[0] - 1
+        assert set(lik.priors) == {"label_noise"}
+        assert clf.log_prior_ == pytest.approx(clf.kernel_.log_prior() + lik.log_prior(), rel=1e-12)
+    P = noisy.predict_proba(50 * Xt)
+    assert P.min() >= eps_noisy * (1 - 1e-12)
+
+    def loss(clf):
+        return -np.mean(clf.predict_log_proba(Xt)[np.arange(len(yt)), yt])
+
+    assert loss(noisy) < loss(plain)
+    # Without priors epsilon is learned by the ELBO alone.
+    flat = pygpfast.SVGPClassifier(label_noise="learn", priors=None, n_inducing=30, random_state=0).fit(Xf, yf)
+    assert flat.likelihood_.priors == {} and flat.log_prior_ == 0.0
+    assert 0.05 < flat.likelihood_.label_noise < 0.2
+
+
+def test_learned_label_noise_validation_and_repr():
+    from pygpfast.likelihoods import RobustMax
+
+    with pytest.raises(ValueError, match="learn_label_noise=True needs label_noise > 0"):
+        Bernoulli(learn_label_noise=True)
+    with pytest.raises(ValueError, match="learn_label_noise must be True or False"):
+        Bernoulli(label_noise=0.1, learn_label_noise="yes")
+    lik = Bernoulli(label_noise=0.1, learn_label_noise=True)
+    assert lik.param_names == ("label_noise",) and lik.learn_label_noise
+    assert repr(lik) == "Bernoulli(link='probit', n_gh=20, label_noise=0.1, learn_label_noise=True)"
+    with pytest.raises(ValueError, match="label_noise must be below 0.5"):
+        lik.params = [0.5]
+    lik.theta = [np.log(0.2)]
+    assert lik.label_noise == pytest.approx(0.2, rel=1e-15)
+    assert np.exp(lik.theta_bounds()[1][0]) < 0.5
+    fixed = Bernoulli(label_noise=0.1)
+    assert fixed.param_names == () and fixed.n_params == 0 and not fixed.learn_label_noise
+    rm = RobustMax(4, epsilon=0.1, learn_epsilon=True)
+    assert rm.param_names == ("epsilon",) and np.exp(rm.theta_bounds()[1][0]) < 0.75
+    with pytest.raises(ValueError, match="epsilon must be below 0.75"):
+        rm.params = [0.8]
+    X, y = _flipped_data(n=60)
+    with pytest.raises(ValueError, match="label_noise='learn' needs a Bernoulli likelihood"):
+        pygpfast.SVGPClassifier(label_noise="learn", max_iter=3).fit(X, y + (X[:, 1] > 1))
+    with pytest.raises(ValueError, match="method='mf'.*label_noise='learn'"):
+        pygpfast.SVGPClassifier(label_noise="learn", method="mf", max_iter=3).fit(X, y)
+    with pytest.raises(ValueError, match="label_noise"):
+        pygpfast.SVGPClassifier(label_noise="learned").fit(X, y)

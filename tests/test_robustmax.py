@@ -267,3 +267,24 @@ def test_svgp_classifier_label_noise_rules():
     with pytest.warns(ConvergenceWarning):
         two = SVGPClassifier(n_inducing=5, max_iter=2).fit(X[y != "c"], y[y != "c"])
     assert two.likelihood_.label_noise == 0.0
+
+
+def test_svgp_classifier_learns_epsilon():
+    """label_noise='learn' with robust-max: epsilon from 0.01 under its default prior, small
+    on separable blobs and larger with 20% of the labels replaced at random; the fitted
+    model pickles with it."""
+    import pickle
+
+    X, y = three_blobs(240, 0)
+    rng = np.random.default_rng(4)
+    noisy = y.copy()
+    swap = rng.random(len(y)) < 0.2
+    noisy[swap] = rng.choice(np.array(["a", "b", "c"]), swap.sum())
+    fits = [SVGPClassifier(likelihood="robustmax", label_noise="learn", n_inducing=12,
+                           random_state=0).fit(X, labels) for labels in (y, noisy)]
+    eps = [f.likelihood_.epsilon for f in fits]
+    assert eps[0] < 0.03 and eps[1] > 2 * eps[0]
+    assert all(f.likelihood_.learn_epsilon and "epsilon" in f.likelihood_.priors for f in fits)
+    back = pickle.loads(pickle.dumps(fits[1]))
+    assert back.likelihood_.epsilon == eps[1]
+    np.testing.assert_array_equal(back.predict_proba(X), fits[1].predict_proba(X))

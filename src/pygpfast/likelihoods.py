@@ -24,6 +24,7 @@ import numpy as np
 from . import _core
 from . import priors as _priors
 from ._validation import as_matrix, as_vector
+from .kernels import hyper_bounds
 from .exceptions import NumericalWarning
 
 __all__ = ["Likelihood", "Gaussian", "Bernoulli", "Poisson", "Softmax", "RobustMax"]
@@ -113,7 +114,17 @@ class Likelihood:
     def params(self, values):
         values = as_vector(values, "params", size=self.n_params, allow_empty=True)
         for name, value in zip(self.param_names, values):
-            setattr(self, name, _check_positive(value, name))
+            setattr(self, name, self._check_param(name, value))
+
+    def _check_param(self, name, value):
+        """`value` as the float of parameter `name`; ValueError outside its range."""
+        return _check_positive(value, name)
+
+    def theta_bounds(self):
+        """Box constraints (lower [n_params], upper [n_params]) of a search over :attr:`theta`
+        from its current value (:func:`pygpfast.kernels.hyper_bounds`, capped where a
+        parameter has an upper limit)."""
+        return hyper_bounds(self.theta)
 
     @property
     def theta(self):
@@ -194,13 +205,13 @@ class Likelihood:
             support (the message names the first bad one).
         """
         y, mu, var = self._points(mu, var, y)
-        value, d_mu, d_var, d_variance = _core.likelihoods.variational_expectations(
+        value, d_mu, d_var, d_param = _core.likelihoods.variational_expectations(
             *self._core_args(), y, mu, var
         )
         if not return_param_grad:
             return value, d_mu, d_var
-        # The core's only likelihood parameter is the Gaussian variance.
-        d_params = d_variance[:, None] if self.n_params else np.empty((y.shape[0], 0))
+        # The core's one likelihood parameter: a Gaussian variance, or a learned label noise.
+        d_params = d_param[:, None] if self.n_params else np.empty((y.shape[0], 0))
         return value, d_mu, d_var, d_params
 
     def predict_mean_and_var(self, mu, var):
@@ -277,7 +288,35 @@ class Gaussian(Likelihood):
         return (_GAUSSIAN, self.variance, 1, 0)
 
 
-class Bernoulli(Likelihood):
+class _LearnedNoise:
+    """The label-noise probability of Bernoulli and RobustMax as a learned parameter: named in
+    ``param_names`` when learned (none otherwise), in (0, ``_NOISE_MAX``), its search box capped
+    just below that limit."""
+
+    #: The probability's name (the attribute and its prior's key).
+    _NOISE = ""
+
+    def _init_noise(self, learn, priors):
+        if not isinstance(learn, (bool, np.bool_)):
+            raise ValueError(f"learn_{self._NOISE} must be True or False, got {learn!r}")
+        if learn and not getattr(self, self._NOISE) > 0.0:
+            raise ValueError(f"learn_{self._NOISE}=True needs {self._NOISE} > 0 to start from "
+                             f"(it is learned in log space), got {getattr(self, self._NOISE)!r}")
+        self.param_names = (self._NOISE,) if learn else ()
+        self.priors = priors
+
+    def _check_param(self, name, value):
+        value = _check_positive(value, name)
+        if value >= self._NOISE_MAX:
+            raise ValueError(f"{name} must be below {self._NOISE_MAX:g}, got {value!r}")
+        return value
+
+    def theta_bounds(self):
+        lower, upper = hyper_bounds(self.theta)
+        return lower, np.minimum(upper, np.log(self._NOISE_MAX) + np.log1p(-1e-9))
+
+
+class Bernoulli(_LearnedNoise, Likelihood):
     """Binary labels y in {0, 1}, ``p(y = 1 | f) = Phi(f)`` (probit) or ``sigmoid(f)`` (logit),
     optionally robust to mislabelled points.
 
@@ -289,9 +328,9 @@ class Bernoulli(Likelihood):
     GPflow's probit, clipped to [1e-3, 1 - 1e-3], is close to epsilon = 1e-3.
 
     Expectations use Gauss-Hermite quadrature, computed in log space (finite however small p0
-    is); the derivatives come from the same rule by Bonnet's and Price's theorems. The
-    predictive mean is exact for the probit, ``epsilon + (1 - 2 epsilon) Phi(mu / sqrt(1 + var))``.
-    The likelihood has no trainable parameters: epsilon is fixed.
+    is); the derivatives come from the same rule by Bonnet's and Price's theorems, and so does
+    the derivative in epsilon. The predictive mean is exact for the probit, ``epsilon + (1 - 2
+    epsilon) Phi(mu / sqrt(1 + var))``.
 
     Parameters
     ----------
@@ -299,15 +338,33 @@ class Bernoulli(Likelihood):
     n_gh : int, default 20
         Gauss-Hermite points (1 to 100).
     label_noise : float, default 0.0
-        epsilon in [0, 0.5): the probability floor of each label; 0 is the plain link.
+        epsilon in [0, 0.5): the probability floor of each label; 0 is the plain link. With
+        ``learn_label_noise``, the starting value, > 0.
+    learn_label_noise : bool, default False
+        Whether epsilon is a parameter (``param_names == ("label_noise",)``), learned with the
+        hyperparameters in log space, its search box capped below 0.5; otherwise the
+        likelihood has no parameters and epsilon stays fixed.
+    priors : dict or None, default None
+        ``{"label_noise": prior}`` (:mod:`pygpfast.priors`, a density on log epsilon) when
+        learned; None: flat.
     """
 
-    def __init__(self, link="probit", n_gh=20, label_noise=0.0):
+    _NOISE = "label_noise"
+    _NOISE_MAX = 0.5
+
+    def __init__(self, link="probit", n_gh=20, label_noise=0.0, learn_label_noise=False,
+                 priors=None):
         if not isinstance(link, str) or link not in _LINKS:
             raise ValueError(f"link must be 'probit' or 'logit', got {link!r}")
         self.link = link
         self.n_gh = _check_n_gh(n_gh)
         self.label_noise = _check_label_noise(label_noise)
+        self._init_noise(learn_label_noise, priors)
+
+    @property
+    def learn_label_noise(self):
+        """Whether epsilon is learned (bool)."""
+        return bool(self.param_names)
 
     def _core_args(self):
         return (_LINKS[self.link], self.label_noise, self.n_gh, 0)
@@ -316,6 +373,8 @@ class Bernoulli(Likelihood):
         args = {"link": self.link, "n_gh": self.n_gh}
         if self.label_noise:
             args["label_noise"] = self.label_noise
+        if self.param_names:
+            args["learn_label_noise"] = True
         return args
 
 
@@ -484,7 +543,7 @@ class Softmax(_MultiClass):
         return {"n_classes": self.n_classes, "n_gh": self.n_gh}
 
 
-class RobustMax(_MultiClass):
+class RobustMax(_LearnedNoise, _MultiClass):
     """Multi-class labels y in {0, ..., C - 1} by the robust max (Hernandez-Lobato,
     Hernandez-Lobato & Dupont 2011, "Robust multi-class Gaussian process classification"): the
     label is the class of the largest latent value with probability ``1 - epsilon``, and any
@@ -507,7 +566,8 @@ class RobustMax(_MultiClass):
     Predictive probabilities are ``P(y = c) = epsilon / (C - 1) + (1 - epsilon - epsilon / (C -
     1)) A_c`` with the A_c rescaled to sum to 1 (their quadrature error, which the rescaling
     spreads over the classes); they lie in ``[epsilon / (C - 1), 1 - epsilon]``, so a confident
-    mistake costs at most ``log((C - 1) / epsilon)`` nats. epsilon is fixed, not learned.
+    mistake costs at most ``log((C - 1) / epsilon)`` nats. The derivative in epsilon comes
+    from the same rule.
 
     Parameters
     ----------
@@ -515,12 +575,20 @@ class RobustMax(_MultiClass):
         Number of classes C (at least 2).
     epsilon : float, default 1e-3
         Probability of a label other than the latent argmax, in ``(0, 1 - 1/C)`` (GPflow's
-        default is 1e-3).
+        default is 1e-3, fixed). With ``learn_epsilon``, the starting value.
     n_gh : int, default 20
         Gauss-Hermite points over the label's latent value (1 to 100).
+    learn_epsilon : bool, default False
+        Whether epsilon is a parameter (``param_names == ("epsilon",)``), learned with the
+        hyperparameters in log space, its search box capped below 1 - 1/C; otherwise fixed.
+    priors : dict or None, default None
+        ``{"epsilon": prior}`` (:mod:`pygpfast.priors`, a density on log epsilon) when learned;
+        None: flat.
     """
 
-    def __init__(self, n_classes, epsilon=1e-3, n_gh=20):
+    _NOISE = "epsilon"
+
+    def __init__(self, n_classes, epsilon=1e-3, n_gh=20, learn_epsilon=False, priors=None):
         super().__init__(n_classes, n_gh)
         if (
             not isinstance(epsilon, numbers.Real)
@@ -530,9 +598,22 @@ class RobustMax(_MultiClass):
             raise ValueError(f"epsilon must be a number in (0, 1 - 1/C) = (0, {1.0 - 1.0 / self.n_classes:g}) "
                              f"for C = {self.n_classes} classes, got {epsilon!r}")
         self.epsilon = float(epsilon)
+        self._init_noise(learn_epsilon, priors)
+
+    @property
+    def _NOISE_MAX(self):
+        return 1.0 - 1.0 / self.n_classes
+
+    @property
+    def learn_epsilon(self):
+        """Whether epsilon is learned (bool)."""
+        return bool(self.param_names)
 
     def _core_args(self):
         return (_ROBUST_MAX, self.epsilon, self.n_gh, self.n_classes)
 
     def _repr_args(self):
-        return {"n_classes": self.n_classes, "epsilon": self.epsilon, "n_gh": self.n_gh}
+        args = {"n_classes": self.n_classes, "epsilon": self.epsilon, "n_gh": self.n_gh}
+        if self.param_names:
+            args["learn_epsilon"] = True
+        return args

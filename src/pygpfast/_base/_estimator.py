@@ -55,8 +55,9 @@ class GPEstimator(KernelParams, BaseEstimator):
         return kernel
 
     def _with_default_noise_prior(self, likelihood):
-        """`likelihood` with the default prior on a Gaussian noise variance, when
-        :meth:`_default_priors_on`; in place, returned."""
+        """`likelihood` with the default prior on its learned parameter (a Gaussian noise
+        variance, a learned label-noise probability), when :meth:`_default_priors_on`; in
+        place, returned."""
         if self._default_priors_on():
             _priors.attach_default_noise_prior(likelihood, self._target_scale())
         return likelihood

@@ -17,7 +17,7 @@ from sklearn.utils.validation import check_consistent_length, check_is_fitted, v
 from .. import likelihoods as _likelihoods
 from .._base._memory import check_fits, explain_memory_error
 from .._base._streaming import block_rows, check_rows, iter_blocks, minibatches
-from .._base import _docs, _start
+from .._base import _docs, _priors, _start
 from .._base._estimator import GPClassifierMixin, GPEstimator
 from .._base._params import (BOOL, COMMON, NONE, Interval, Kind, Options, check_int,
                              check_params)
@@ -758,7 +758,7 @@ _ATTRIBUTES = _docs.ATTRIBUTES + """    model_ : SVGP
 class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
     _parameter_constraints = {**_SVGPEstimator._parameter_constraints,
                               "likelihood": (Options(None, "probit", "logit", "softmax", "robustmax"),),
-                              "label_noise": (Options("auto"), Interval(float, 0.0, 0.5, closed="left"))}
+                              "label_noise": (Options("auto", "learn"), Interval(float, 0.0, 0.5, closed="left"))}
     __doc__ = (
         """Gaussian-process classifier with a sparse variational posterior (SVGP), binary or
     multi-class, for labels of any type. The fit maximises the ELBO plus the log prior of the
@@ -770,16 +770,20 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
         1 - epsilon and each other class with epsilon / (C - 1) (Hernandez-Lobato et al. 2011;
         :class:`pygpfast.likelihoods.RobustMax`; epsilon is ``label_noise``). None: 'probit'
         for two classes, 'softmax' for more.
-    label_noise : float or 'auto', default 'auto'
-        epsilon, the probability of a label against the latent functions' verdict; fixed, not
-        learned; method='kl' only. With a Bernoulli likelihood, epsilon in [0, 0.5): each label
-        is taken to be drawn at random with probability 2 epsilon, ``p(y | f) = epsilon + (1 -
-        2 epsilon) p0(y | f)`` with p0 the link's (Kim & Ghahramani 2008;
+    label_noise : float, 'auto' or 'learn', default 'auto'
+        epsilon, the probability of a label against the latent functions' verdict;
+        method='kl' only. With a Bernoulli likelihood, epsilon in [0, 0.5): each label is taken
+        to be drawn at random with probability 2 epsilon, ``p(y | f) = epsilon + (1 - 2
+        epsilon) p0(y | f)`` with p0 the link's (Kim & Ghahramani 2008;
         :class:`pygpfast.likelihoods.Bernoulli`); 0 is the plain link. With 'robustmax',
         epsilon in (0, 0.5). Either way it bounds the cost of a mislabelled point (by ``-log
-        epsilon``, ``log((C - 1) / epsilon)`` for robust-max). The softmax takes none (0).
-        'auto': 0 for the Bernoulli likelihoods and the softmax, 1e-3 for 'robustmax'
-        (GPflow's default).
+        epsilon``, ``log((C - 1) / epsilon)`` for robust-max). The softmax takes none (0). A
+        float: fixed at that value. 'auto': fixed at 0 for the Bernoulli likelihoods and the
+        softmax, 1e-3 for 'robustmax' (GPflow's default). 'learn': learned with the
+        hyperparameters from 0.01, in log space, with the default prior LogNormal(log 0.01,
+        sqrt(3)) on log epsilon under ``priors='default'`` (a user's prior through
+        ``likelihood_.priors`` is not offered: the likelihood is made by the fit); the fitted
+        value is ``likelihood_.label_noise`` (``likelihood_.epsilon`` for robust-max).
 
     Attributes
     ----------
@@ -831,18 +835,23 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
             raise ValueError(
                 f"Only binary classification is supported by likelihood={name!r}; y has {C} "
                 "classes: use likelihood=None, 'softmax' or 'robustmax'")
+        learn = self.label_noise == "learn"
         if name == "robustmax":
             if self.label_noise == 0.0:
                 raise ValueError("likelihood='robustmax' needs label_noise > 0 (its epsilon; 'auto': 1e-3)")
-            return _likelihoods.RobustMax(C, epsilon=1e-3 if self.label_noise == "auto" else float(self.label_noise))
+            epsilon = (1e-3 if self.label_noise == "auto" else
+                       _priors.LABEL_NOISE_CENTRE if learn else float(self.label_noise))
+            return _likelihoods.RobustMax(C, epsilon=epsilon, learn_epsilon=learn)
         if name == "softmax" or (name is None and C > 2):
             if self.label_noise not in ("auto", 0.0):
                 raise ValueError(
                     f"label_noise={self.label_noise!r} needs a Bernoulli likelihood (two classes) or "
                     f"'robustmax'; the softmax takes no label noise: use label_noise='auto' or 0.0")
             return _likelihoods.Softmax(C)
-        return _likelihoods.Bernoulli(link=name or "probit",
-                                      label_noise=0.0 if self.label_noise == "auto" else float(self.label_noise))
+        label_noise = (0.0 if self.label_noise == "auto" else
+                       _priors.LABEL_NOISE_CENTRE if learn else float(self.label_noise))
+        return _likelihoods.Bernoulli(link=name or "probit", label_noise=label_noise,
+                                      learn_label_noise=learn)
 
     def _encode_targets(self, y, first_call, classes=None):
         check_classification_targets(y)

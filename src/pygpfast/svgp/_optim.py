@@ -115,8 +115,9 @@ class Packer:
         self.lower = np.full(self.size, -np.inf)
         self.upper = np.full(self.size, np.inf)
         if train_hyper:
-            theta0 = np.concatenate([model.kernel.theta, model.likelihood.theta])
-            self.lower[self._hyper_start :], self.upper[self._hyper_start :] = hyper_bounds(theta0)
+            for i, (lower, upper) in ((self._hyper_start, hyper_bounds(model.kernel.theta)),
+                                      (self._hyper_start + self.n_kern, model.likelihood.theta_bounds())):
+                self.lower[i : i + len(lower)], self.upper[i : i + len(upper)] = lower, upper
 
     def _q_views(self, q_mu, q_sqrt):
         return q_mu.reshape(self.M, self.L), q_sqrt.reshape(self.L, self.M, self.M)
@@ -157,7 +158,7 @@ class Packer:
             return self._fixed_hyper
         (codes, _), lik = self._fixed_hyper
         params = np.exp(x[self._hyper_start :])
-        if self.n_lik:  # the core's one likelihood parameter is the Gaussian variance
+        if self.n_lik:  # the core's one likelihood parameter (noise variance or label noise)
             lik = (lik[0], float(params[self.n_kern]), *lik[2:])
         return (codes, params[: self.n_kern]), lik
 
