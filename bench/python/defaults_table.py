@@ -314,6 +314,9 @@ def main():
     ap.add_argument("--gpflow-maxiter", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--replace", default="",
+                    help="with --resume: configurations whose earlier fits of --datasets are "
+                         "dropped and run again (a re-measurement of those beside the kept peers)")
     ap.add_argument("--variant", default=None, help="suffix of the JSON's name")
     args = ap.parse_args()
     datasets = args.datasets.split(",")
@@ -328,7 +331,10 @@ def main():
     if args.resume and path.exists():
         previous = json.loads(path.read_text())
         runs, invocations = previous["runs"], previous["invocations"]
-        print(f"resumed {len(runs)} fits from {path}")
+        replace = set(filter(None, args.replace.split(",")))
+        runs = [r for r in runs if not (r["config"] in replace and r["dataset"] in datasets)]
+        print(f"resumed {len(runs)} fits from {path}"
+              + (f" ({len(previous['runs']) - len(runs)} dropped: --replace)" if replace else ""))
     done = {(r["dataset"], r["split"], r["config"]) for r in runs}
     # (Each invocation's arguments, in order: a resumed run's rows came from the earlier ones.)
     payload = {"context": ctx, "invocations": invocations + [vars(args)], "complete": False,
