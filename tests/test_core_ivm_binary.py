@@ -465,3 +465,144 @@ def test_keyword_only_arguments():
     _, codes, params = make_kernel()
     with pytest.raises(TypeError):
         ivm.binary_select(codes, params, X, y, 5)  # active_size is keyword-only
+
+
+# ---------------------------------------------------------------------------------------------
+# label noise: P(y | u) = eps + (1 - 2 eps) Phi(y (u + bias) / sqrt(s2))
+
+
+def noisy_adf(y, h, a, eps, bias=0.0, s2=1.0):
+    """log Z, alpha, nu of the noisy probit in numpy (nu < 0 kept: the reference, unclipped)."""
+    z = y * (h + bias) / np.sqrt(s2 + a)
+    log_clean = np.log1p(-2 * eps) + log_ndtr(z)
+    log_z = np.logaddexp(np.log(eps), log_clean)
+    wr = np.exp(log_clean - log_z + norm.logpdf(z) - log_ndtr(z))
+    return log_z, y * wr / np.sqrt(s2 + a), wr * (z + wr) / (s2 + a)
+
+
+@pytest.mark.parametrize(
+    "y,h,a,bias,s2,eps",
+    [
+        (1.0, 0.3, 1.2, 0.0, 1.0, 0.05),
+        (-1.0, 0.8, 2.5, 0.2, 0.7, 0.01),
+        (1.0, -1.0, 0.6, 0.0, 1.0, 0.1),  # on the wrong side, still a site (nu > 0)
+        (1.0, 4.0, 3.0, -0.5, 2.0, 1e-3),  # upper tail
+    ],
+)
+def test_label_noise_adf_matches_numerical_integration(y, h, a, bias, s2, eps):
+    """log Z and the tilted moments of eps + (1 - 2 eps) Phi against quadrature; the site
+    reproduces them where nu >= 0."""
+    u = ivm.binary_adf(np.array([y]), np.array([h]), np.array([a]), bias=bias, noise_variance=s2,
+                       label_noise=eps)
+    sd = np.sqrt(a)
+
+    def moment(p):
+        f = lambda t: (h + sd * t) ** p * (eps + (1 - 2 * eps) * ndtr(y * (h + sd * t + bias) / np.sqrt(s2))) * norm.pdf(t)
+        return scipy.integrate.quad(f, -14, 14, epsabs=0, epsrel=1e-13, limit=400)[0]
+
+    Z, m1, m2 = moment(0), moment(1), moment(2)
+    mean, var = m1 / Z, m2 / Z - (m1 / Z) ** 2
+    np.testing.assert_allclose(u["log_z"], np.log(Z), rtol=1e-10)
+    ref = noisy_adf(y, h, a, eps, bias, s2)
+    np.testing.assert_allclose(u["log_z"], ref[0], rtol=1e-13)
+    assert u["nu"][0] >= 0.0 and ref[2] > 0.0
+    np.testing.assert_allclose(h + a * u["alpha"], mean, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(a * (1 - a * u["nu"]), var, rtol=1e-7, atol=1e-10)
+    pi, b = u["site_pi"][0], u["site_b"][0]
+    np.testing.assert_allclose(1 / (1 / a + pi), var, rtol=1e-7)
+    np.testing.assert_allclose((h / a + b) / (1 / a + pi), mean, rtol=1e-8, atol=1e-10)
+
+
+def test_label_noise_adf_gives_no_site_where_the_tilted_variance_grows():
+    """A point well on the wrong side with a wide cavity: the mixture's tilted variance
+    exceeds the cavity's (nu < 0 in the reference); the update is the constrained one, no site
+    and no step (its selection score, 0, is checked in the greedy test below)."""
+    for h, a in ((-3.0, 4.0), (-2.5, 0.6), (-40.0, 1.0)):  # (the last: log Z at the floor eps)
+        y, eps = np.array([1.0]), 0.05
+        ref = noisy_adf(y[0], h, a, eps)
+        assert ref[2] < 0.0
+        u = ivm.binary_adf(y, np.array([h]), np.array([a]), label_noise=eps)
+        np.testing.assert_allclose(u["log_z"], ref[0], rtol=1e-13)
+        assert u["alpha"][0] == 0.0 and u["nu"][0] == 0.0 and u["site_pi"][0] == 0.0 and u["site_b"][0] == 0.0
+
+
+
+def test_label_noise_zero_is_the_plain_probit_bitwise():
+    X, y = make_problem(80, seed=13)
+    _, codes, params = make_kernel()
+    plain = select(codes, params, X, y, 20, bias=0.1)
+    zero = select(codes, params, X, y, 20, bias=0.1, label_noise=0.0)
+    for key in ("active", "site_b", "site_pi", "score", "h", "a"):
+        np.testing.assert_array_equal(plain[key], zero[key])
+
+
+@pytest.mark.parametrize("criterion", ["entropy", "kl"])
+def test_label_noise_greedy_choice_is_the_brute_force_argmax(criterion):
+    """With label noise the selection's (blocked, vectorised) scores are the ADF's: the greedy
+    choice against the dense marginals and the numpy scores (nu < 0 scored 0)."""
+    X, y = make_problem(60, seed=4)
+    y = y.copy()
+    y[::7] *= -1  # mislabelled points
+    _, codes, params = make_kernel()
+    K = dense_K(codes, params, X)
+    eps, d, bias = 0.05, 14, 0.1
+    full = select(codes, params, X, y, d, n_random=2, criterion=criterion, bias=bias, label_noise=eps)
+    for k in range(2, d):
+        act = full["active"][:k]
+        h, A = dense_marginals(K, act, full["site_b"][:k], full["site_pi"][:k])
+        a = np.diag(A)
+        _, alpha, nu = noisy_adf(y, h, a, eps, bias)
+        alpha, nu = np.where(nu < 0, 0.0, alpha), np.maximum(nu, 0.0)
+        g = -0.5 * np.log1p(-a * nu)
+        if criterion == "kl":
+            g = np.maximum(0.0, g + 0.5 * (a * alpha**2 - a * nu))
+        g[act] = -np.inf
+        assert full["active"][k] == np.argmax(g), k
+        np.testing.assert_allclose(full["score"][k], g.max(), rtol=1e-9)
+
+
+def test_label_noise_bound_and_gradient():
+    """The bound's expected negative log-likelihood with label noise (the core's noisy
+    Bernoulli by Gauss-Hermite) against the dense reference, and its gradient by central
+    differences."""
+    X, y = make_problem(50, seed=9)
+    _, codes, params = make_kernel(white=0.1)
+    bias, s2, eps = -0.15, 0.8, 0.03
+    r = select(codes, params, X, y, 12, bias=bias, noise_variance=s2, label_noise=eps)
+    fixed = dict(active=r["active"], site_b=r["site_b"], site_pi=r["site_pi"], n_gh=32, label_noise=eps)
+    g = ivm.binary_bound(codes, params, X, y, bias=bias, noise_variance=s2, **fixed)
+    K = dense_K(codes, params, X)
+    h, A = dense_marginals(K, r["active"], r["site_b"], r["site_pi"])
+    x, w = np.polynomial.hermite.hermgauss(32)
+    U = h[:, None] + np.sqrt(2 * np.diag(A))[:, None] * x
+    log_p = np.logaddexp(np.log(eps), np.log1p(-2 * eps) + log_ndtr(y[:, None] * (U + bias) / np.sqrt(s2)))
+    np.testing.assert_allclose(g["expected_neg_log_lik"], -(log_p @ w).sum() / np.sqrt(np.pi), rtol=1e-11)
+
+    def F(p, bias_, s2_):
+        return ivm.binary_bound(codes, p, X, y, bias=bias_, noise_variance=s2_, with_grad=False, **fixed)["value"]
+
+    for i in range(len(params)):
+        e = np.zeros_like(params)
+        e[i] = 1e-5 * params[i]
+        assert g["grad_params"][i] == pytest.approx((F(params + e, bias, s2) - F(params - e, bias, s2)) / (2 * e[i]),
+                                                   rel=1e-6, abs=1e-8)
+    eb, es = 1e-5, 1e-5 * s2
+    assert g["grad_bias"] == pytest.approx((F(params, bias + eb, s2) - F(params, bias - eb, s2)) / (2 * eb),
+                                           rel=1e-6, abs=1e-8)
+    assert g["grad_noise_variance"] == pytest.approx(
+        (F(params, bias, s2 + es) - F(params, bias, s2 - es)) / (2 * es), rel=1e-6, abs=1e-8)
+
+
+def test_label_noise_prediction_and_refusals():
+    X, y = make_problem(60, seed=10)
+    _, codes, params = make_kernel()
+    r = select(codes, params, X, y, 15, label_noise=0.1)
+    q = ivm.binary_predict(codes, params, X[r["active"]], site_pi=r["site_pi"], L=r["L"], beta=r["beta"],
+                           Xnew=50 * X, label_noise=0.1)
+    np.testing.assert_allclose(q["proba"], 0.1 + 0.8 * ndtr(q["mean"] / np.sqrt(1 + q["var"])), rtol=1e-14)
+    assert q["proba"].min() >= 0.1 and q["proba"].max() <= 0.9
+    for bad in (-0.1, 0.5, np.nan):
+        with pytest.raises(ValueError, match="label_noise must be in"):
+            ivm.binary_adf(y, np.zeros(60), np.ones(60), label_noise=bad)
+    with pytest.raises(ValueError, match="label_noise needs the probit"):
+        ivm.binary_adf(y, np.zeros(60), np.ones(60), likelihood="gaussian", label_noise=0.1)

@@ -450,3 +450,43 @@ def test_learning_fit_is_the_same_on_one_and_two_threads(multi_class, restore_th
             fits.append((clf.objective_, clf.predict_proba(X[:50])))
     assert fits[0][0] == fits[1][0]
     assert np.array_equal(fits[0][1], fits[1][1])
+
+
+def _flipped(n, flip, seed):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3, 3, (n, 2))
+    y = (np.sin(X[:, 0]) + 0.5 * X[:, 1] > 0).astype(int)
+    f = rng.random(n) < flip
+    y[f] = 1 - y[f]
+    return X, y
+
+
+def test_label_noise_helps_on_flipped_labels_and_bounds_the_probabilities():
+    """15% of 400 training labels flipped, clean test labels: IVMClassifier(label_noise=0.05)
+    has a lower hold-out log loss than the plain probit IVM, its probabilities lie in
+    [eps, 1 - eps], and the fit pickles with it."""
+    X, y = _flipped(400, 0.15, 1)
+    Xt, yt = _flipped(2000, 0.0, 2)
+    losses = {}
+    for eps in (0.0, 0.05):
+        clf = IVMClassifier(label_noise=eps, active_size=60, random_state=0).fit(X, y)
+        P = clf.predict_proba(Xt)
+        losses[eps] = -np.mean(np.log(P[np.arange(len(yt)), yt]))
+    assert losses[0.05] < losses[0.0] - 0.05
+    P = clf.predict_proba(50 * Xt)
+    assert P.min() >= 0.05 * (1 - 1e-12) and P.max() <= 0.95 * (1 + 1e-12)
+    np.testing.assert_allclose(np.exp(clf.predict_log_proba(Xt)), clf.predict_proba(Xt), rtol=1e-12)
+    back = pickle.loads(pickle.dumps(clf))
+    np.testing.assert_array_equal(back.predict_proba(Xt), clf.predict_proba(Xt))
+
+
+def test_label_noise_ovr_only_for_more_classes():
+    X, y = blobs(150, 3, seed=3)
+    clf = IVMClassifier(label_noise=0.02, multi_class="ovr", active_size=30, random_state=0).fit(X, y)
+    P = clf.predict_proba(X)
+    np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=1e-12)
+    assert np.mean(P.argmax(axis=1) == y) > 0.8
+    with pytest.raises(ValueError, match="label_noise=0.02 needs two classes or multi_class='ovr'"):
+        IVMClassifier(label_noise=0.02, active_size=30).fit(X, y)
+    with pytest.raises(ValueError, match="label_noise"):
+        IVMClassifier(label_noise=0.5).fit(X, y)

@@ -12,7 +12,7 @@ namespace pygpfast::bind {
 namespace {
 
 ivm::BinaryLikelihood make_binary_likelihood(const std::string& name, double bias, double noise_variance,
-                                             int n_gh) {
+                                             int n_gh, double label_noise) {
   ivm::BinaryLikelihood lik;
   if (name == "probit")
     lik.kind = ivm::BinaryLikelihoodKind::Probit;
@@ -23,6 +23,7 @@ ivm::BinaryLikelihood make_binary_likelihood(const std::string& name, double bia
   lik.bias = bias;
   lik.noise_variance = noise_variance;
   lik.n_gh = n_gh;
+  lik.label_noise = label_noise;
   ivm::validate(lik);
   return lik;
 }
@@ -53,11 +54,11 @@ void bind_ivm_binary(py::module_& m) {
       "binary_select",
       [](const py::array& codes, const py::array& params, const py::array& X, const py::array& y,
          index_t active_size, index_t n_random, std::uint64_t seed, const std::string& likelihood, double bias,
-         double noise_variance, const std::string& criterion) {
+         double noise_variance, double label_noise, const std::string& criterion) {
         const auto Xv = as_matrix(X, "X");
         const double* yv = as_vector(y, "y", Xv.rows);
         const kernels::Kernel kernel = make_kernel(codes, params, Xv.cols);
-        const auto lik = make_binary_likelihood(likelihood, bias, noise_variance, 32);
+        const auto lik = make_binary_likelihood(likelihood, bias, noise_variance, 32, label_noise);
         ivm::SelectOptions opt;
         opt.active_size = active_size;
         opt.n_random = n_random;
@@ -115,7 +116,7 @@ void bind_ivm_binary(py::module_& m) {
       },
       py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("y"), py::kw_only(), py::arg("active_size"),
       py::arg("n_random") = 2, py::arg("seed") = 0, py::arg("likelihood") = "probit", py::arg("bias") = 0.0,
-      py::arg("noise_variance") = 1.0, py::arg("criterion") = "entropy",
+      py::arg("noise_variance") = 1.0, py::arg("label_noise") = 0.0, py::arg("criterion") = "entropy",
       "Greedy IVM selection of an active set of `active_size` points from X [n, D], y [n] (+-1 for "
       "'probit', real for 'gaussian'): the first `n_random` at random, then by the largest information "
       "gain ('entropy': -1/2 log(a_new / a_old); 'kl'), ties and random picks from `seed`. Returns a dict: "
@@ -127,12 +128,12 @@ void bind_ivm_binary(py::module_& m) {
   m.def(
       "binary_adf",
       [](const py::array& y, const py::array& h, const py::array& a, const std::string& likelihood, double bias,
-         double noise_variance) {
+         double noise_variance, double label_noise) {
         const double* yv = as_vector(y, "y");
         const index_t n = y.shape(0);
         const double* hv = as_vector(h, "h", n);
         const double* av = as_vector(a, "a", n);
-        const auto lik = make_binary_likelihood(likelihood, bias, noise_variance, 32);
+        const auto lik = make_binary_likelihood(likelihood, bias, noise_variance, 32, label_noise);
         ivm::check_labels(lik, yv, n);
         for (index_t i = 0; i < n; ++i)
           if (!(av[i] >= 0.0) || !std::isfinite(av[i]) || !std::isfinite(hv[i]))
@@ -159,7 +160,7 @@ void bind_ivm_binary(py::module_& m) {
         return out;
       },
       py::arg("y"), py::arg("h"), py::arg("a"), py::kw_only(), py::arg("likelihood") = "probit",
-      py::arg("bias") = 0.0, py::arg("noise_variance") = 1.0,
+      py::arg("bias") = 0.0, py::arg("noise_variance") = 1.0, py::arg("label_noise") = 0.0,
       "ADF updates of points with cavities N(h, a) ([n] each): dict of log_z = log E[P(y|u)], alpha = "
       "d log_z / dh, nu = -d^2 log_z / dh^2 (tilted mean h + a alpha, variance a (1 - a nu)) and the "
       "sites site_b, site_pi [n].");
@@ -168,7 +169,7 @@ void bind_ivm_binary(py::module_& m) {
       "binary_predict",
       [](const py::array& codes, const py::array& params, const py::array& X_active, const py::array& site_pi,
          const py::array& L, const py::array& beta, const py::array& Xnew, const std::string& likelihood,
-         double bias, double noise_variance) {
+         double bias, double noise_variance, double label_noise) {
         const auto XA = as_matrix(X_active, "X_active");
         const auto Xv = as_matrix(Xnew, "Xnew");
         const index_t d = XA.rows, T = Xv.rows;
@@ -176,7 +177,7 @@ void bind_ivm_binary(py::module_& m) {
         const double* bv = as_vector(beta, "beta", d);
         const auto Lv = as_matrix(L, "L");
         const kernels::Kernel kernel = make_kernel(codes, params, XA.cols);
-        const auto lik = make_binary_likelihood(likelihood, bias, noise_variance, 32);
+        const auto lik = make_binary_likelihood(likelihood, bias, noise_variance, 32, label_noise);
         py::array_t<double> mean = new_vector(T), var = new_vector(T), proba = new_vector(T);
         {
           py::gil_scoped_release release;
@@ -192,16 +193,17 @@ void bind_ivm_binary(py::module_& m) {
       },
       py::arg("codes"), py::arg("params"), py::arg("X_active"), py::kw_only(), py::arg("site_pi"), py::arg("L"),
       py::arg("beta"), py::arg("Xnew"), py::arg("likelihood") = "probit", py::arg("bias") = 0.0,
-      py::arg("noise_variance") = 1.0,
+      py::arg("noise_variance") = 1.0, py::arg("label_noise") = 0.0,
       "Predictions at Xnew [T, D] from a selection (X_active = X[active] [d, D], site_pi [d], L [d, d], "
       "beta [d]): dict of the latent mean, var [T] (bias not included) and, for 'probit', proba [T] = "
-      "P(y = +1) = Phi((mean + bias) / sqrt(noise_variance + var)).");
+      "P(y = +1) = eps + (1 - 2 eps) Phi((mean + bias) / sqrt(noise_variance + var)), eps = label_noise.");
 
   m.def(
       "binary_bound",
       [](const py::array& codes, const py::array& params, const py::array& X, const py::array& y,
          const py::array& active, const py::array& site_b, const py::array& site_pi, const std::string& likelihood,
-         double bias, double noise_variance, int n_gh, bool with_grad, const py::object& distances) {
+         double bias, double noise_variance, double label_noise, int n_gh, bool with_grad,
+         const py::object& distances) {
         const auto Xv = as_matrix(X, "X");
         const index_t n = Xv.rows;
         const double* yv = as_vector(y, "y", n);
@@ -210,7 +212,7 @@ void bind_ivm_binary(py::module_& m) {
         const double* bv = as_vector(site_b, "site_b", d);
         const double* pv = as_vector(site_pi, "site_pi", d);
         const kernels::Kernel kernel = make_kernel(codes, params, Xv.cols);
-        const auto lik = make_binary_likelihood(likelihood, bias, noise_variance, n_gh);
+        const auto lik = make_binary_likelihood(likelihood, bias, noise_variance, n_gh, label_noise);
         const auto [r2, r2_max_norm] = given_distances(distances, d, n);
         py::array_t<double> h = new_vector(n), a = new_vector(n), dk = new_vector(kernel.num_params());
         ivm::BoundGradients g;
@@ -236,7 +238,8 @@ void bind_ivm_binary(py::module_& m) {
       },
       py::arg("codes"), py::arg("params"), py::arg("X"), py::arg("y"), py::kw_only(), py::arg("active"),
       py::arg("site_b"), py::arg("site_pi"), py::arg("likelihood") = "probit", py::arg("bias") = 0.0,
-      py::arg("noise_variance") = 1.0, py::arg("n_gh") = 32, py::arg("with_grad") = true,
+      py::arg("noise_variance") = 1.0, py::arg("label_noise") = 0.0, py::arg("n_gh") = 32,
+      py::arg("with_grad") = true,
       py::arg("distances") = py::none(),
       "Seed 002 section 4's bound F >= -log P(y | theta) for X [n, D], y [n] with the active set "
       "(active [d], any integer dtype) and its sites (site_b, site_pi [d]) fixed, the marginals rebuilt "

@@ -91,7 +91,31 @@ void validate(const BinaryLikelihood& lik) {
   require(std::isfinite(lik.noise_variance) && lik.noise_variance > 0.0,
           "ivm: noise_variance must be finite and > 0, got ", lik.noise_variance);
   require(lik.n_gh >= 1 && lik.n_gh <= 100, "ivm: n_gh must be in [1, 100], got ", lik.n_gh);
+  require(lik.label_noise >= 0.0 && lik.label_noise < 0.5, "ivm: label_noise must be in [0, 0.5), got ",
+          lik.label_noise);
+  require(lik.label_noise == 0.0 || lik.kind == BinaryLikelihoodKind::Probit,
+          "ivm: label_noise needs the probit likelihood, got ", lik.label_noise, " with the Gaussian");
 }
+
+namespace {
+
+// Label noise eps > 0 (Kim & Ghahramani 2008): P = eps + (1 - 2 eps) Phi(z). Given log Phi(z),
+// r = phi(z) / Phi(z) and z + r, this makes log_z = log P and, with w = (1 - 2 eps) Phi(z) / P the
+// share of the link's term, r <- w r and z_plus_r <- z + w r: then alpha = y r / sd and
+// nu = r z_plus_r / s2 as for the plain probit (d log P / dz = w r, -d^2 log P / dz^2 =
+// w r (z + w r)). nu < 0 where the tilted distribution is wider than the cavity (a point far on
+// the wrong side, whose mass sits on the flat floor eps); such a point gets no site (alpha = nu =
+// 0: the constrained projection, site_pi >= 0), and scores 0.
+inline void add_label_noise(double eps, double& log_z, double& r, double& z_plus_r) {
+  const double log_clean = std::log1p(-2.0 * eps) + log_z, log_eps = std::log(eps);
+  const double hi = std::max(log_clean, log_eps), lo = std::min(log_clean, log_eps);
+  log_z = hi + std::log1p(std::exp(lo - hi));
+  const double wr = std::exp(log_clean - log_z) * r;
+  z_plus_r -= r - wr;
+  r = wr;
+}
+
+}  // namespace
 
 void check_labels(const BinaryLikelihood& lik, const double* y, index_t n) {
   for (index_t i = 0; i < n; ++i) {
@@ -130,10 +154,12 @@ AdfUpdate adf_update(const BinaryLikelihood& lik, double y, double h, double a) 
     vmath::log_normal_cdf(z, u.log_z, r);
     z_plus_r = z + r;
   }
+  if (lik.label_noise > 0.0) add_label_noise(lik.label_noise, u.log_z, r, z_plus_r);
   u.alpha = y * r / sd;
   u.nu = r * z_plus_r / s2;
+  if (u.nu < 0.0) u.alpha = u.nu = 0.0;  // (label noise only)
   // 1 - a nu = 1 - a r (z + r) / (sigma^2 + a) >= sigma^2 / (sigma^2 + a) > 0, since
-  // 0 < r (z + r) < 1.
+  // 0 < r (z + r) < 1 (and w r (z + w r) < 1 for w in (0, 1] with label noise).
   const double keep = 1.0 - a * u.nu;
   u.site_pi = u.nu / keep;
   u.site_b = u.site_pi > 0.0 ? (u.alpha + h * u.nu) / keep : 0.0;
@@ -173,9 +199,9 @@ namespace {
 
 // Selection scores of the points [j0, j0 + m) (m <= vmath::kLogNormalCdfBlock) into ob; see
 // BinaryIVM::scores.
-PYGPFAST_SIMD_CLONES void score_block(bool probit, Criterion criterion, double s2, double bias, const double* hb,
-                                      const double* ab, const double* yb, const unsigned char* actb, index_t m,
-                                      double* ob) {
+PYGPFAST_SIMD_CLONES void score_block(bool probit, double eps, Criterion criterion, double s2, double bias,
+                                      const double* hb, const double* ab, const double* yb,
+                                      const unsigned char* actb, index_t m, double* ob) {
   constexpr index_t kBlock = vmath::kLogNormalCdfBlock;
   double z[kBlock], sd[kBlock], log_cdf[kBlock], r[kBlock], zr[kBlock];
   if (probit) {
@@ -193,11 +219,14 @@ PYGPFAST_SIMD_CLONES void score_block(bool probit, Criterion criterion, double s
         zr[i] = T1;
       }
     }
+    if (eps > 0.0)
+      for (index_t i = 0; i < m; ++i) add_label_noise(eps, log_cdf[i], r[i], zr[i]);
     for (index_t i = 0; i < m; ++i) {
-      const double nu = r[i] * zr[i] / (s2 + ab[i]);
+      const bool has_site = r[i] * zr[i] >= 0.0;  // (nu < 0 only with label noise: no site)
+      const double nu = has_site ? r[i] * zr[i] / (s2 + ab[i]) : 0.0;
       const double an = ab[i] * nu;
       const double entropy = -0.5 * vmath::log1p(-an);
-      const double alpha = r[i] / sd[i];
+      const double alpha = has_site ? r[i] / sd[i] : 0.0;
       const double kl = std::max(0.0, entropy + 0.5 * (ab[i] * alpha * alpha - an));
       ob[i] = criterion == Criterion::Entropy ? entropy : kl;
     }
@@ -260,8 +289,8 @@ void BinaryIVM::scores(Criterion criterion, double* out) const {
   const index_t blocks = (n_ + kBlock - 1) / kBlock;
   parallel_for(blocks, std::max<index_t>(1, kMinScoresPerThread / kBlock), [&](index_t blk) {
     const index_t j0 = blk * kBlock;
-    score_block(probit, criterion, s2, bias, h + j0, a + j0, y_ + j0, act + j0, std::min(kBlock, n_ - j0),
-                out + j0);
+    score_block(probit, lik_.label_noise, criterion, s2, bias, h + j0, a + j0, y_ + j0, act + j0,
+                std::min(kBlock, n_ - j0), out + j0);
   });
   stats_.score_seconds += seconds_since(t0);
 }
@@ -430,7 +459,7 @@ void probit_probability(const BinaryLikelihood& lik, const double* mean, const d
   constexpr double kInvSqrt2 = 0.70710678118654752440;
   parallel_for(T, kMinScoresPerThread, [&](index_t t) {
     const double z = (mean[t] + lik.bias) / std::sqrt(lik.noise_variance + var[t]);
-    out[t] = 0.5 * std::erfc(-z * kInvSqrt2);
+    out[t] = lik.label_noise + (1.0 - 2.0 * lik.label_noise) * 0.5 * std::erfc(-z * kInvSqrt2);
   });
 }
 
@@ -532,6 +561,7 @@ BoundResult bound(const kernels::Kernel& kernel, const BinaryLikelihood& lik, Co
     } else {
       // Phi(y (u + bias) / sigma) = Phi(s f') with f' = (u + bias) / sigma ~ N(mu', var').
       core.type = likelihoods::LikelihoodType::BernoulliProbit;
+      core.label_noise = lik.label_noise;
       for (index_t j = 0; j < n; ++j) {
         yy[j] = y[j] > 0.0 ? 1.0 : 0.0;
         mu[j] = (h[j] + lik.bias) / sd;

@@ -14,6 +14,7 @@ def binary_adf(
     likelihood: str = 'probit',
     bias: float = 0.0,
     noise_variance: float = 1.0,
+    label_noise: float = 0.0,
 ) -> dict: ...
 def binary_bound(
     codes: NDArray,
@@ -27,6 +28,7 @@ def binary_bound(
     likelihood: str = 'probit',
     bias: float = 0.0,
     noise_variance: float = 1.0,
+    label_noise: float = 0.0,
     n_gh: int = 32,
     with_grad: bool = True,
     distances: tuple[NDArray, float] | None = None,
@@ -43,6 +45,7 @@ def binary_predict(
     likelihood: str = 'probit',
     bias: float = 0.0,
     noise_variance: float = 1.0,
+    label_noise: float = 0.0,
 ) -> dict: ...
 def binary_select(
     codes: NDArray,
@@ -56,6 +59,7 @@ def binary_select(
     likelihood: str = 'probit',
     bias: float = 0.0,
     noise_variance: float = 1.0,
+    label_noise: float = 0.0,
     criterion: str = 'entropy',
 ) -> dict: ...
 def cubature(

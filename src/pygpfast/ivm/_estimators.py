@@ -71,6 +71,13 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         likelihood (Seeger & Jordan 2004); "ovr", C one-against-rest probit IVMs with their
         own active sets (Seeger & Jordan's *binary* baseline), predicting the normalised one-vs-rest
         probabilities. Two classes always make one probit IVM.
+    label_noise : float, default 0.0
+        epsilon in [0, 0.5), fixed: each probit IVM's likelihood is ``P(y | u) = epsilon + (1 -
+        2 epsilon) Phi(y (u + beta))`` (Kim & Ghahramani 2008), so a mislabelled point costs at
+        most ``-log epsilon``; in its ADF update a point whose tilted variance would exceed its
+        cavity variance (far on the wrong side, where the floor epsilon holds its mass) gets no
+        site, and scores 0 in the selection. Two classes or ``multi_class="ovr"`` only (the
+        joint model's softmax takes none); 0: the plain probit.
     shared_kernel : bool, default True
         One kernel for every latent function; False: a kernel per latent function (the
         setting of Seeger & Jordan 2004; C times the hyperparameters), all starting from `kernel`.
@@ -153,6 +160,7 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         **{k: v for k, v in COMMON.items() if k != "jitter"},
         "active_size": (Interval(int, 1, None),),
         "multi_class": (Options("joint", "ovr"),),
+        "label_noise": (Interval(float, 0.0, 0.5, closed="left"),),
         "shared_kernel": (BOOL,),
         "max_iter": (Interval(int, 1, None),),
         "reselect_every": (Interval(int, 1, None),),
@@ -161,13 +169,14 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         "keep_fraction": (Interval(float, 0.0, 1.0),),
     }
 
-    def __init__(self, kernel=None, *, active_size=100, multi_class="joint", shared_kernel=True,
-                 optimize_hyperparameters=True, priors="default", max_iter=30, reselect_every=10,
+    def __init__(self, kernel=None, *, active_size=100, multi_class="joint", label_noise=0.0,
+                 shared_kernel=True, optimize_hyperparameters=True, priors="default", max_iter=30, reselect_every=10,
                  tol=1e-6, cubature="auto", n_random=2, keep_fraction=0.5, random_state=None,
                  verbose=0, callback=None):
         self.kernel = kernel
         self.active_size = active_size
         self.multi_class = multi_class
+        self.label_noise = label_noise
         self.shared_kernel = shared_kernel
         self.optimize_hyperparameters = optimize_hyperparameters
         self.priors = priors
@@ -204,6 +213,10 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         C = len(self.classes_)
         if C < 2:
             raise ValueError(f"y has {C} class; a classifier needs at least 2")
+        if self.label_noise and C > 2 and self.multi_class == "joint":
+            raise ValueError(f"label_noise={self.label_noise!r} needs two classes or "
+                             f"multi_class='ovr' (probit IVMs); the joint model's softmax takes "
+                             f"none: y has {C} classes")
         rs = check_random_state(self.random_state)
         kernel = _start.start_kernel(self.kernel, X, rs)
         self._with_default_priors(kernel, X)
@@ -306,6 +319,7 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
             self.X_active_ = X_active[0] if model.L == 1 else X_active
         self._mode = "joint" if model.joint else ("binary" if model.L == 1 else "ovr")
         self._rule = model.rule
+        self._label_noise = model.label_noise
 
     # ------------------------------------------------------------------ prediction
     def _checked(self, X):
@@ -363,9 +377,13 @@ class IVMClassifier(GPClassifierMixin, ClassifierMixin, GPEstimator):
         if self._mode == "joint":
             prob = np.clip(prob, np.finfo(np.float64).tiny, None)
             return np.log(prob / prob.sum(axis=1, keepdims=True))
-        # probit: log Phi(+-(mean) / sqrt(1 + var))
+        # probit: log Phi(+-(mean) / sqrt(1 + var)), with label noise eps + (1 - 2 eps) Phi
         z = mean / np.sqrt(1.0 + var)
         log_pos, log_neg = scipy.special.log_ndtr(z), scipy.special.log_ndtr(-z)
+        eps = getattr(self, "_label_noise", 0.0)
+        if eps:
+            log_pos, log_neg = (np.logaddexp(np.log(eps), np.log1p(-2.0 * eps) + lp)
+                                for lp in (log_pos, log_neg))
         if self._mode == "binary":
             return np.column_stack([log_neg[:, 0], log_pos[:, 0]])
         # one-vs-rest: P(c) proportional to each expert's P(y = c)
@@ -397,6 +415,7 @@ class _Model:
         self.P = kernel.n_params
         self.n_random = int(est.n_random)
         self.keep_fraction = float(est.keep_fraction)
+        self.label_noise = float(est.label_noise)
         rule = est.cubature
         if rule == "auto":
             rule = "gauss-hermite" if C <= _AUTO_GH_MAX_CLASSES else "stroud"
@@ -460,7 +479,8 @@ class _Model:
         for l in range(self.L):
             s = _core.ivm.binary_select(
                 codes, params[l % self.n_kernels], self.X, self.ypm[l], active_size=self.d,
-                n_random=min(self.n_random, self.d), seed=self.seed + l, bias=float(beta[l]))
+                n_random=min(self.n_random, self.d), seed=self.seed + l, bias=float(beta[l]),
+                label_noise=self.label_noise)
             sites.append({"active": np.ascontiguousarray(s["active"], dtype=np.int64),
                           "site_b": s["site_b"], "site_pi": s["site_pi"]})
         return sites
@@ -518,8 +538,8 @@ class _Model:
             self._cache_distances(s)
             r = _core.ivm.binary_bound(codes, params[k], self.X, self.ypm[l], active=s["active"],
                                        site_b=s["site_b"], site_pi=s["site_pi"],
-                                       bias=float(beta[l]), with_grad=with_grad,
-                                       distances=s.get("distances"))
+                                       bias=float(beta[l]), label_noise=self.label_noise,
+                                       with_grad=with_grad, distances=s.get("distances"))
             value += float(r["value"])
             if with_grad:
                 grad[k * self.P:(k + 1) * self.P] += r["grad_params"] * params[k]

@@ -50,10 +50,12 @@ struct BinaryLikelihood {
   double noise_variance = 1.0;  // Gaussian: sigma^2; probit: the variance of the probit's noise
                                 // (1 for the standard probit Phi(y (u + bias)))
   int n_gh = 32;                // Gauss-Hermite nodes for the bound's expectations (probit)
+  double label_noise = 0.0;     // probit: epsilon in [0, 1/2), P(y | u) = epsilon + (1 - 2 epsilon)
+                                // Phi(...) (Kim & Ghahramani 2008); 0 for the Gaussian
 };
 
 // Throws std::invalid_argument for a non-finite bias, a non-positive or non-finite noise
-// variance, or n_gh outside [1, 100].
+// variance, n_gh outside [1, 100], or a label noise outside [0, 1/2) (0 for the Gaussian).
 void validate(const BinaryLikelihood& lik);
 
 // Throws std::invalid_argument naming the first label outside the likelihood's support
@@ -180,7 +182,8 @@ class SplitMix64 {
 void predict(const kernels::Kernel& kernel, ConstMatrixView X_active, const double* site_pi,
              ConstMatrixView L, const double* beta, ConstMatrixView Xnew, double* mean, double* var);
 
-// P(y = +1 | x_*) = Phi((mean + bias) / sqrt(noise_variance + var)) for the probit [T].
+// P(y = +1 | x_*) = eps + (1 - 2 eps) Phi((mean + bias) / sqrt(noise_variance + var)) for the
+// probit [T] (eps = label_noise).
 void probit_probability(const BinaryLikelihood& lik, const double* mean, const double* var, index_t T,
                         double* out);
 
