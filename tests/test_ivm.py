@@ -16,6 +16,7 @@ from pygpfast import IVMClassifier, kernels
 from pygpfast.ivm._estimators import _Model
 
 from blas_rounding import assert_same
+from noisy_labels import flipped_data
 
 
 def blobs(n, C, D=2, seed=0, spread=2.5):
@@ -452,21 +453,12 @@ def test_learning_fit_is_the_same_on_one_and_two_threads(multi_class, restore_th
     assert np.array_equal(fits[0][1], fits[1][1])
 
 
-def _flipped(n, flip, seed):
-    rng = np.random.default_rng(seed)
-    X = rng.uniform(-3, 3, (n, 2))
-    y = (np.sin(X[:, 0]) + 0.5 * X[:, 1] > 0).astype(int)
-    f = rng.random(n) < flip
-    y[f] = 1 - y[f]
-    return X, y
-
-
 def test_label_noise_helps_on_flipped_labels_and_bounds_the_probabilities():
     """15% of 400 training labels flipped, clean test labels: IVMClassifier(label_noise=0.05)
     has a lower hold-out log loss than the plain probit IVM, its probabilities lie in
     [eps, 1 - eps], and the fit pickles with it."""
-    X, y = _flipped(400, 0.15, 1)
-    Xt, yt = _flipped(2000, 0.0, 2)
+    X, y = flipped_data(400, 0.15, 1)
+    Xt, yt = flipped_data(2000, 0.0, 2)
     losses = {}
     for eps in (0.0, 0.05):
         clf = IVMClassifier(label_noise=eps, active_size=60, random_state=0).fit(X, y)

@@ -12,6 +12,8 @@ from pygpfast import _core
 from pygpfast.likelihoods import Bernoulli
 from pygpfast.svgp import SVGP
 
+from noisy_labels import flipped_data
+
 LINK_P0 = {"probit": ndtr, "logit": expit}
 MU = np.array([0.4, -1.3, 2.5, -0.2, 0.0, 3.0])
 VAR = np.array([0.7, 1.9, 0.3, 0.0, 2.5, 1e-12])
@@ -160,17 +162,8 @@ def test_svgp_elbo_gradients_with_label_noise():
         assert g["q_mu"][j] == pytest.approx((up - down) / (2 * h), rel=1e-5, abs=1e-7)
 
 
-def _flipped_data(n=300, flip=0.1, seed=0):
-    rng = np.random.default_rng(seed)
-    X = rng.uniform(-3, 3, (n, 2))
-    y = (np.sin(X[:, 0]) + 0.5 * X[:, 1] > 0).astype(int)
-    flips = rng.random(n) < flip
-    y[flips] = 1 - y[flips]
-    return X, y
-
-
 def test_svgp_classifier_probabilities_stay_inside_the_floor():
-    X, y = _flipped_data()
+    X, y = flipped_data()
     eps = 0.05
     clf = pygpfast.SVGPClassifier(label_noise=eps, n_inducing=20, max_iter=500, random_state=0).fit(X, y)
     P = clf.predict_proba(np.vstack([X, 50 * X]))
@@ -183,8 +176,8 @@ def test_svgp_classifier_probabilities_stay_inside_the_floor():
 def test_label_noise_helps_on_flipped_labels():
     """10% of the training labels flipped at random; the test labels clean: the robust
     likelihood's hold-out log loss is lower than the plain probit's (same data, same settings)."""
-    X, y = _flipped_data(n=400, flip=0.1, seed=1)
-    Xt, yt = _flipped_data(n=2000, flip=0.0, seed=2)
+    X, y = flipped_data(n=400, flip=0.1, seed=1)
+    Xt, yt = flipped_data(n=2000, flip=0.0, seed=2)
     losses = {}
     for eps in (0.0, 0.05):
         clf = pygpfast.SVGPClassifier(label_noise=eps, n_inducing=30, max_iter=1000, random_state=0).fit(X, y)
@@ -194,7 +187,7 @@ def test_label_noise_helps_on_flipped_labels():
 
 
 def test_label_noise_needs_two_classes_and_method_kl():
-    X, y = _flipped_data(n=60)
+    X, y = flipped_data(n=60)
     y3 = y + (X[:, 1] > 1)
     with pytest.raises(ValueError, match="label_noise=0.1 needs a Bernoulli likelihood"):
         pygpfast.SVGPClassifier(label_noise=0.1, max_iter=3).fit(X, y3)
@@ -252,9 +245,9 @@ def test_learned_label_noise_follows_the_flipped_share():
     towards the flip rate and the hold-out log loss on clean labels beats the fixed-at-0 fit.
     The fit's epsilon is inside its box, the prior's share in log_prior_, and the floor of the
     predicted probabilities is the learned epsilon."""
-    X, y = _flipped_data(n=400, flip=0.0, seed=1)
-    Xf, yf = _flipped_data(n=400, flip=0.15, seed=1)
-    Xt, yt = _flipped_data(n=2000, flip=0.0, seed=2)
+    X, y = flipped_data(n=400, flip=0.0, seed=1)
+    Xf, yf = flipped_data(n=400, flip=0.15, seed=1)
+    Xt, yt = flipped_data(n=2000, flip=0.0, seed=2)
     clean = pygpfast.SVGPClassifier(label_noise="learn", n_inducing=30, random_state=0).fit(X, y)
     noisy = pygpfast.SVGPClassifier(label_noise="learn", n_inducing=30, random_state=0).fit(Xf, yf)
     plain = pygpfast.SVGPClassifier(n_inducing=30, random_state=0).fit(Xf, yf)
@@ -300,7 +293,7 @@ def test_learned_label_noise_validation_and_repr():
     assert rm.param_names == ("epsilon",) and np.exp(rm.theta_bounds()[1][0]) < 0.75
     with pytest.raises(ValueError, match="epsilon must be below 0.75"):
         rm.params = [0.8]
-    X, y = _flipped_data(n=60)
+    X, y = flipped_data(n=60)
     with pytest.raises(ValueError, match="label_noise='learn' needs a Bernoulli likelihood"):
         pygpfast.SVGPClassifier(label_noise="learn", max_iter=3).fit(X, y + (X[:, 1] > 1))
     with pytest.raises(ValueError, match="method='mf'.*label_noise='learn'"):

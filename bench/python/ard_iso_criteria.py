@@ -116,12 +116,7 @@ def main():
     pygpfast.set_num_threads(1)
     runs, summary = [], []
     with _KeepRun():
-        for name in args.datasets.split(","):
-            try:
-                splits, _ = defaults_table.load(name, args.splits, 1000, 300)
-            except FileNotFoundError as e:
-                print(f"{name}: skipped ({e})")
-                continue
+        for name, splits in defaults_table.loaded(args.datasets, args.splits):
             for k, (Xtr, ytr, Xte, yte) in enumerate(splits):
                 l0 = float(np.exp(np.mean(np.log(_start.default_kernel(Xtr, 0).lengthscale))))
                 row = {"dataset": name, "split": k, "N": len(ytr), "D": Xtr.shape[1],

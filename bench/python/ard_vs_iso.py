@@ -95,12 +95,7 @@ def main():
     args = ap.parse_args()
     pygpfast.set_num_threads(1)
     runs, summary = [], []
-    for name in args.datasets.split(","):
-        try:
-            splits, how = defaults_table.load(name, args.splits, 1000, 300)
-        except FileNotFoundError as e:
-            print(f"{name}: skipped ({e})")
-            continue
+    for name, splits in defaults_table.loaded(args.datasets, args.splits):
         for k, (Xtr, ytr, Xte, yte) in enumerate(splits):
             D = Xtr.shape[1]
             l0 = float(np.exp(np.mean(np.log(_start.default_kernel(Xtr, 0).lengthscale))))

@@ -133,6 +133,18 @@ def load(name, n_splits, max_train, usps_n):
     return out, how
 
 
+def loaded(datasets, n_splits, max_train=1000, usps_n=300):
+    """(name, [(Xtr, ytr, Xte, yte)]) for each name in the comma-separated `datasets` whose
+    file is there (``load``); a missing one is reported and skipped."""
+    for name in datasets.split(","):
+        try:
+            splits, _ = load(name, n_splits, max_train, usps_n)
+        except FileNotFoundError as e:
+            print(f"{name}: skipped ({e})")
+            continue
+        yield name, splits
+
+
 def pygpfast_estimator(config, C):
     family, priors = config.split("_")
     priors = "default" if priors == "default" else None
