@@ -527,13 +527,19 @@ def test_label_noise_adf_gives_no_site_where_the_tilted_variance_grows():
 
 
 
-def test_label_noise_zero_is_the_plain_probit_bitwise():
+def test_tiny_label_noise_is_the_plain_probit_bitwise():
+    """eps = 1e-300 runs the label-noise path (ADF and blocked scores) and must give the plain
+    probit's selection bit for bit: log(1 - 2 eps) = 0, eps's term is e^-690 below log Phi, w = 1."""
     X, y = make_problem(80, seed=13)
     _, codes, params = make_kernel()
     plain = select(codes, params, X, y, 20, bias=0.1)
-    zero = select(codes, params, X, y, 20, bias=0.1, label_noise=0.0)
+    tiny = select(codes, params, X, y, 20, bias=0.1, label_noise=1e-300)
     for key in ("active", "site_b", "site_pi", "score", "h", "a"):
-        np.testing.assert_array_equal(plain[key], zero[key])
+        np.testing.assert_array_equal(plain[key], tiny[key])
+    u0 = ivm.binary_adf(y, np.linspace(-3, 3, 80), np.full(80, 0.7))
+    u1 = ivm.binary_adf(y, np.linspace(-3, 3, 80), np.full(80, 0.7), label_noise=1e-300)
+    for key in ("log_z", "alpha", "nu", "site_b", "site_pi"):
+        np.testing.assert_array_equal(u0[key], u1[key])
 
 
 @pytest.mark.parametrize("criterion", ["entropy", "kl"])

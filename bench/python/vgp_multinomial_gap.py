@@ -243,9 +243,7 @@ def main():
     wall = time.perf_counter() - t_start
     print(f"wall {wall:.0f} s")
     print("wrote", common.write_json({
-        "args": vars(args), "wall_s": wall,
-        "note": "run while the working tree had uncommitted edits by others (context.git.modified)",
-        "runs": runs, "summary": summary, "predictive_summary": predictive_summary}, threads=1))
+        "args": vars(args), "wall_s": wall, "runs": runs, "summary": summary, "predictive_summary": predictive_summary}, threads=1))
 
 
 if __name__ == "__main__":

@@ -306,10 +306,10 @@ class _LearnedNoise:
         self.priors = priors
 
     def _check_param(self, name, value):
-        value = _check_positive(value, name)
-        if value >= self._NOISE_MAX:
-            raise ValueError(f"{name} must be below {self._NOISE_MAX:g}, got {value!r}")
-        return value
+        if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                or not 0.0 < value < self._NOISE_MAX):
+            raise ValueError(f"{name} must be a number in (0, {self._NOISE_MAX:g}), got {value!r}")
+        return float(value)
 
     def theta_bounds(self):
         lower, upper = hyper_bounds(self.theta)
@@ -590,18 +590,11 @@ class RobustMax(_LearnedNoise, _MultiClass):
 
     def __init__(self, n_classes, epsilon=1e-3, n_gh=20, learn_epsilon=False, priors=None):
         super().__init__(n_classes, n_gh)
-        if (
-            not isinstance(epsilon, numbers.Real)
-            or isinstance(epsilon, bool)
-            or not 0.0 < epsilon < 1.0 - 1.0 / self.n_classes
-        ):
-            raise ValueError(f"epsilon must be a number in (0, 1 - 1/C) = (0, {1.0 - 1.0 / self.n_classes:g}) "
-                             f"for C = {self.n_classes} classes, got {epsilon!r}")
-        self.epsilon = float(epsilon)
+        self.epsilon = self._check_param("epsilon", epsilon)
         self._init_noise(learn_epsilon, priors)
 
     @property
-    def _NOISE_MAX(self):
+    def _NOISE_MAX(self):  # (1 - 1/C: every class equally likely whatever f)
         return 1.0 - 1.0 / self.n_classes
 
     @property

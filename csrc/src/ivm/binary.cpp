@@ -101,19 +101,23 @@ namespace {
 
 // Label noise eps > 0 (Kim & Ghahramani 2008): P = eps + (1 - 2 eps) Phi(z). Given log Phi(z),
 // r = phi(z) / Phi(z) and z + r, this makes log_z = log P and, with w = (1 - 2 eps) Phi(z) / P the
-// share of the link's term, r <- w r and z_plus_r <- z + w r: then alpha = y r / sd and
+// share of the link's term, r <- w r and z_plus_r <- z + w r (LabelNoise::apply): then alpha = y r / sd and
 // nu = r z_plus_r / s2 as for the plain probit (d log P / dz = w r, -d^2 log P / dz^2 =
 // w r (z + w r)). nu < 0 where the tilted distribution is wider than the cavity (a point far on
 // the wrong side, whose mass sits on the flat floor eps); such a point gets no site (alpha = nu =
 // 0: the constrained projection, site_pi >= 0), and scores 0.
-inline void add_label_noise(double eps, double& log_z, double& r, double& z_plus_r) {
-  const double log_clean = std::log1p(-2.0 * eps) + log_z, log_eps = std::log(eps);
-  const double hi = std::max(log_clean, log_eps), lo = std::min(log_clean, log_eps);
-  log_z = hi + std::log1p(std::exp(lo - hi));
-  const double wr = std::exp(log_clean - log_z) * r;
-  z_plus_r -= r - wr;
-  r = wr;
-}
+struct LabelNoise {
+  double log_keep, log_eps;  // log(1 - 2 eps), log eps: once per likelihood, not per point
+  explicit LabelNoise(double eps) : log_keep(std::log1p(-2.0 * eps)), log_eps(std::log(eps)) {}
+  void apply(double& log_z, double& r, double& z_plus_r) const {
+    const double log_clean = log_keep + log_z;
+    const double hi = std::max(log_clean, log_eps), lo = std::min(log_clean, log_eps);
+    log_z = hi + std::log1p(std::exp(lo - hi));
+    const double wr = std::exp(log_clean - log_z) * r;
+    z_plus_r -= r - wr;
+    r = wr;
+  }
+};
 
 }  // namespace
 
@@ -154,7 +158,7 @@ AdfUpdate adf_update(const BinaryLikelihood& lik, double y, double h, double a) 
     vmath::log_normal_cdf(z, u.log_z, r);
     z_plus_r = z + r;
   }
-  if (lik.label_noise > 0.0) add_label_noise(lik.label_noise, u.log_z, r, z_plus_r);
+  if (lik.label_noise > 0.0) LabelNoise(lik.label_noise).apply(u.log_z, r, z_plus_r);
   u.alpha = y * r / sd;
   u.nu = r * z_plus_r / s2;
   if (u.nu < 0.0) u.alpha = u.nu = 0.0;  // (label noise only)
@@ -219,8 +223,10 @@ PYGPFAST_SIMD_CLONES void score_block(bool probit, double eps, Criterion criteri
         zr[i] = T1;
       }
     }
-    if (eps > 0.0)
-      for (index_t i = 0; i < m; ++i) add_label_noise(eps, log_cdf[i], r[i], zr[i]);
+    if (eps > 0.0) {
+      const LabelNoise noise(eps);
+      for (index_t i = 0; i < m; ++i) noise.apply(log_cdf[i], r[i], zr[i]);
+    }
     for (index_t i = 0; i < m; ++i) {
       const bool has_site = r[i] * zr[i] >= 0.0;  // (nu < 0 only with label noise: no site)
       const double nu = has_site ? r[i] * zr[i] / (s2 + ab[i]) : 0.0;

@@ -836,21 +836,21 @@ class SVGPClassifier(GPClassifierMixin, ClassifierMixin, _SVGPEstimator):
                 f"Only binary classification is supported by likelihood={name!r}; y has {C} "
                 "classes: use likelihood=None, 'softmax' or 'robustmax'")
         learn = self.label_noise == "learn"
+
+        def epsilon(auto):  # the fixed value, or where 'learn' starts
+            return {"auto": auto, "learn": _priors.LABEL_NOISE_CENTRE}.get(self.label_noise, self.label_noise)
+
         if name == "robustmax":
             if self.label_noise == 0.0:
                 raise ValueError("likelihood='robustmax' needs label_noise > 0 (its epsilon; 'auto': 1e-3)")
-            epsilon = (1e-3 if self.label_noise == "auto" else
-                       _priors.LABEL_NOISE_CENTRE if learn else float(self.label_noise))
-            return _likelihoods.RobustMax(C, epsilon=epsilon, learn_epsilon=learn)
+            return _likelihoods.RobustMax(C, epsilon=float(epsilon(1e-3)), learn_epsilon=learn)
         if name == "softmax" or (name is None and C > 2):
             if self.label_noise not in ("auto", 0.0):
                 raise ValueError(
                     f"label_noise={self.label_noise!r} needs a Bernoulli likelihood (two classes) or "
                     f"'robustmax'; the softmax takes no label noise: use label_noise='auto' or 0.0")
             return _likelihoods.Softmax(C)
-        label_noise = (0.0 if self.label_noise == "auto" else
-                       _priors.LABEL_NOISE_CENTRE if learn else float(self.label_noise))
-        return _likelihoods.Bernoulli(link=name or "probit", label_noise=label_noise,
+        return _likelihoods.Bernoulli(link=name or "probit", label_noise=float(epsilon(0.0)),
                                       learn_label_noise=learn)
 
     def _encode_targets(self, y, first_call, classes=None):
